@@ -1,0 +1,100 @@
+//! Config of a `langgraph-sqlite-checkpointer` target.
+
+use std::path::{Path, PathBuf};
+
+use crate::registry::{parse_table, resolve};
+
+use super::adapter::{Checkpointer, MetadataKeys, Registry};
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    path: PathBuf,
+    registry: Option<RawRegistry>,
+    metadata: Option<RawMetadata>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRegistry {
+    /// Defaults to the checkpointer's own file.
+    path: Option<PathBuf>,
+    table: String,
+    tenant: String,
+    subject: String,
+    thread: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetadata {
+    tenant: String,
+    subject: String,
+}
+
+/// A validated config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    path: PathBuf,
+    registry: Option<Registry>,
+    metadata: Option<MetadataKeys>,
+}
+
+/// A JSON path that selects one top-level key exactly, quoted so dots and brackets in the key
+/// stay part of the key.
+fn json_path(key: &str, what: &str) -> Result<String, String> {
+    if key.is_empty() || key.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
+        return Err(format!(
+            "metadata.{what} must be a non-empty key without '\"', '\\' or control characters"
+        ));
+    }
+    Ok(format!("$.\"{key}\""))
+}
+
+fn sql_name(name: &str, what: &str) -> Result<String, String> {
+    if name.is_empty() || name.chars().any(char::is_control) {
+        return Err(format!("registry.{what} must be a non-empty name"));
+    }
+    Ok(name.to_string())
+}
+
+impl Config {
+    /// Parses and validates the kind-specific keys.
+    pub fn parse(table: toml::Table, base: &Path) -> Result<Self, String> {
+        let raw: Raw = parse_table(table)?;
+        if raw.registry.is_none() && raw.metadata.is_none() {
+            return Err("give `registry`, `metadata` or both: without either, a subject's threads cannot be found".into());
+        }
+        let path = resolve(base, &raw.path);
+        let registry = match raw.registry {
+            Some(r) => Some(Registry {
+                path: r
+                    .path
+                    .map(|p| resolve(base, &p))
+                    .unwrap_or_else(|| path.clone()),
+                table: sql_name(&r.table, "table")?,
+                tenant: sql_name(&r.tenant, "tenant")?,
+                subject: sql_name(&r.subject, "subject")?,
+                thread: sql_name(&r.thread, "thread")?,
+            }),
+            None => None,
+        };
+        let metadata = match raw.metadata {
+            Some(m) => Some(MetadataKeys {
+                tenant_path: json_path(&m.tenant, "tenant")?,
+                subject_path: json_path(&m.subject, "subject")?,
+            }),
+            None => None,
+        };
+        Ok(Self {
+            path,
+            registry,
+            metadata,
+        })
+    }
+
+    /// Builds the adapter. Touches no file.
+    pub fn build(self, name: &str) -> Checkpointer {
+        Checkpointer::new(name, self.path, self.registry, self.metadata)
+    }
+}

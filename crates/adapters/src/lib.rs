@@ -1,0 +1,160 @@
+//! The adapter contract, the closed registry of adapter kinds, and one module per store kind.
+//!
+//! Start with [`Adapter`]: every store kind answers `describe`, `inventory`, `erase_batch` and
+//! `verify`, exactly for a frozen [`Scope`], with counts and opaque locators, never content.
+//! [`registry`] builds adapters from `[[target]]` config tables; [`conformance`] is the suite
+//! every adapter must pass.
+//!
+//! What this crate is not: the job runner. It never journals, never decides a job's state,
+//! and never sees more than one target at a time. The engine drives it.
+
+pub mod conformance;
+pub mod langgraph_sqlite_checkpointer;
+pub mod langgraph_sqlite_store;
+pub mod registry;
+mod sqlite;
+
+use lethe_core::{Scope, Version};
+
+pub use registry::{build, Kind, Target, TargetConfigError};
+
+/// What an adapter says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Description {
+    /// The adapter kind, as config names it.
+    pub kind: &'static str,
+    /// The adapter's version: changes when what it erases or how it counts changes.
+    pub version: &'static str,
+    /// What it can do: scope kinds it expresses, hidden rows it counts.
+    pub capabilities: Vec<&'static str>,
+}
+
+/// Whether a target holds anything a scope can name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applicability {
+    /// The target erases this scope.
+    Applies,
+    /// The target holds nothing this kind of scope names; the reason goes on the certificate.
+    Exempt(String),
+}
+
+/// An opaque locator and the number of rows it accounts for.
+pub type Locator = (String, u64);
+
+/// A target's inventory for a scope: counts and locators, never content.
+///
+/// A locator is an opaque string the adapter alone interprets (a thread id, a store key). Each
+/// carries the number of rows it accounts for, which is the most its erase may delete. The
+/// engine erases locators in their sorted order, so adapters name them so that sorting puts
+/// what must go last (a thread registry) last.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// Rows in scope, hidden rows included.
+    pub count: u64,
+    /// Locators and the rows each accounts for, sorted.
+    pub locators: Vec<(String, u64)>,
+}
+
+impl Inventory {
+    /// Builds an inventory from locators, sorting them and summing the count.
+    pub fn from_locators(mut locators: Vec<(String, u64)>) -> Self {
+        locators.sort();
+        locators.dedup();
+        Self {
+            count: locators.iter().map(|(_, n)| n).sum(),
+            locators,
+        }
+    }
+}
+
+/// Adapter errors. Messages name the target and never an identifier or content.
+#[derive(Debug, thiserror::Error)]
+pub enum AdapterError {
+    /// The target's key layout cannot express the scope exactly. Refused before anything is
+    /// touched (exit 2).
+    #[error("target {target} cannot express this scope: {why}")]
+    Inexpressible {
+        /// Target name.
+        target: String,
+        /// What to fix.
+        why: String,
+    },
+    /// The store is unreachable or busy: worth retrying. The job goes BLOCKED.
+    #[error("target {target} is unavailable: {why}")]
+    Unavailable {
+        /// Target name.
+        target: String,
+        /// The driver's message.
+        why: String,
+    },
+    /// Erasing a batch would delete more rows than its frozen inventory. Nothing of the batch
+    /// was committed.
+    #[error("target {target} would erase {found} rows where the frozen inventory holds {expected}: stopped, nothing of this batch committed")]
+    AnomalousVolume {
+        /// Target name.
+        target: String,
+        /// Rows the inventory allows for the batch.
+        expected: u64,
+        /// Rows the delete found.
+        found: u64,
+    },
+    /// The store is not what the adapter expects (missing table, wrong schema): retrying will
+    /// not help.
+    #[error("target {target}: {why}")]
+    Failed {
+        /// Target name.
+        target: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+impl AdapterError {
+    /// Whether retrying the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, AdapterError::Unavailable { .. })
+    }
+
+    /// A stable code for the journal and the certificate.
+    pub fn code(&self) -> &'static str {
+        match self {
+            AdapterError::Inexpressible { .. } => "inexpressible",
+            AdapterError::Unavailable { .. } => "unavailable",
+            AdapterError::AnomalousVolume { .. } => "anomalous_volume",
+            AdapterError::Failed { .. } => "failed",
+        }
+    }
+}
+
+/// One store kind's erasure logic. Implementations are read-only outside `erase_batch`.
+pub trait Adapter: Send + Sync {
+    /// Kind, version, capabilities.
+    fn describe(&self) -> Description;
+
+    /// Decides, touching nothing, whether the scope applies and can be expressed exactly.
+    /// Errors with [`AdapterError::Inexpressible`] when an identifier cannot be matched
+    /// exactly by the target's layout.
+    fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError>;
+
+    /// Checks the store is reachable and has the expected schema. Read-only.
+    fn probe(&self) -> Result<(), AdapterError>;
+
+    /// For a memory scope without an explicit version: the version current now, if this
+    /// target holds the memory.
+    fn current_version(&self, _scope: &Scope) -> Result<Option<Version>, AdapterError> {
+        Ok(None)
+    }
+
+    /// Counts what the target holds for the scope, hidden rows included. Read-only.
+    fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError>;
+
+    /// Erases the rows of these frozen locators, in one transaction where the store has them.
+    /// Deletes nothing outside the locators; if the deletes would remove more rows than the
+    /// locators account for, rolls back and returns [`AdapterError::AnomalousVolume`].
+    /// Idempotent: rows already gone count zero. Returns rows deleted.
+    fn erase_batch(&self, scope: &Scope, batch: &[(String, u64)]) -> Result<u64, AdapterError>;
+
+    /// Counts what is left for the scope, hidden rows included, plus anything left under the
+    /// frozen locators. Read-only.
+    fn verify(&self, scope: &Scope, frozen: &[(String, u64)]) -> Result<u64, AdapterError>;
+}

@@ -1,0 +1,201 @@
+//! The closed registry: one enum lists every adapter kind, one `match` builds them.
+//!
+//! A `[[target]]` table has three common keys (`name`, `kind`, `class`); the rest belongs to the
+//! kind and is parsed by that kind's `config.rs` with unknown keys refused.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::{langgraph_sqlite_checkpointer, langgraph_sqlite_store, Adapter};
+
+/// Every adapter kind Lethe has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
+    LanggraphSqliteCheckpointer,
+    /// LangGraph `SqliteStore` tables: `store`, `store_vectors`.
+    LanggraphSqliteStore,
+}
+
+impl Kind {
+    /// Every kind, for help and error messages.
+    pub const ALL: [Kind; 2] = [
+        Kind::LanggraphSqliteCheckpointer,
+        Kind::LanggraphSqliteStore,
+    ];
+
+    /// The kind string config uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::LanggraphSqliteCheckpointer => "langgraph-sqlite-checkpointer",
+            Kind::LanggraphSqliteStore => "langgraph-sqlite-store",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Kind> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a target holds (DESIGN.md "asset class").
+pub const CLASSES: [&str; 14] = [
+    "primary",
+    "projection",
+    "vector-index",
+    "keyword-index",
+    "summary",
+    "prompt-snapshot",
+    "cache",
+    "queue",
+    "export",
+    "analytics",
+    "vendor",
+    "trace",
+    "backup",
+    "key",
+];
+
+/// A configured target: a name, its class and the adapter that erases it.
+pub struct Target {
+    /// Unique name, used in journals, logs and certificates.
+    pub name: String,
+    /// The adapter kind.
+    pub kind: Kind,
+    /// The asset class.
+    pub class: String,
+    /// The adapter.
+    pub adapter: Box<dyn Adapter>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+/// A `[[target]]` table that does not build. Each says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetConfigError {
+    /// A required key is missing.
+    #[error("target #{index}: missing key `{key}`")]
+    Missing {
+        /// 1-based position in the file.
+        index: usize,
+        /// The key.
+        key: &'static str,
+    },
+    /// `kind` is not a known adapter.
+    #[error("target {name}: unknown kind '{kind}'; known kinds: {known}")]
+    UnknownKind {
+        /// Target name.
+        name: String,
+        /// What was given.
+        kind: String,
+        /// The known kinds.
+        known: String,
+    },
+    /// `class` is not an asset class.
+    #[error("target {name}: unknown class '{class}'; known classes: {known}")]
+    UnknownClass {
+        /// Target name.
+        name: String,
+        /// What was given.
+        class: String,
+        /// The known classes.
+        known: String,
+    },
+    /// A kind-specific key is wrong (unknown key, wrong type, bad value).
+    #[error("target {name} ({kind}): {why}")]
+    Invalid {
+        /// Target name.
+        name: String,
+        /// Its kind.
+        kind: Kind,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn take_str(
+    t: &mut toml::Table,
+    key: &'static str,
+    index: usize,
+) -> Result<String, TargetConfigError> {
+    match t.remove(key) {
+        Some(toml::Value::String(s)) => Ok(s),
+        _ => Err(TargetConfigError::Missing { index, key }),
+    }
+}
+
+/// Builds a target from its `[[target]]` table. Relative paths are relative to `base` (the
+/// config file's folder). Touches no store.
+pub fn build(
+    index: usize,
+    mut table: toml::Table,
+    base: &Path,
+) -> Result<Target, TargetConfigError> {
+    let name = take_str(&mut table, "name", index)?;
+    let kind_str = take_str(&mut table, "kind", index)?;
+    let class = take_str(&mut table, "class", index)?;
+    let kind = Kind::parse(&kind_str).ok_or_else(|| TargetConfigError::UnknownKind {
+        name: name.clone(),
+        kind: kind_str,
+        known: Kind::ALL.map(Kind::as_str).join(", "),
+    })?;
+    if !CLASSES.contains(&class.as_str()) {
+        return Err(TargetConfigError::UnknownClass {
+            name,
+            class,
+            known: CLASSES.join(", "),
+        });
+    }
+    let invalid = |why: String| TargetConfigError::Invalid {
+        name: name.clone(),
+        kind,
+        why,
+    };
+    let adapter: Box<dyn Adapter> = match kind {
+        Kind::LanggraphSqliteCheckpointer => Box::new(
+            langgraph_sqlite_checkpointer::Config::parse(table, base)
+                .map_err(invalid)?
+                .build(&name),
+        ),
+        Kind::LanggraphSqliteStore => Box::new(
+            langgraph_sqlite_store::Config::parse(table, base)
+                .map_err(invalid)?
+                .build(&name),
+        ),
+    };
+    Ok(Target {
+        name,
+        kind,
+        class,
+        adapter,
+    })
+}
+
+/// Deserializes a kind's table, mapping serde's message (which names unknown keys and what was
+/// expected) to a plain string.
+pub(crate) fn parse_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, String> {
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.message().to_string())
+}
+
+/// Resolves a configured path against the config file's folder.
+pub(crate) fn resolve(base: &Path, p: &Path) -> std::path::PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}

@@ -1,0 +1,66 @@
+//! What the SQLite adapters share: opening a store without creating it, and error mapping.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::AdapterError;
+
+/// Opens an existing SQLite file read-write. Never creates one: a wrong path is an error, not a
+/// new empty store that verifies clean.
+pub(crate) fn open(target: &str, path: &Path) -> Result<Connection, AdapterError> {
+    if !path.is_file() {
+        return Err(AdapterError::Failed {
+            target: target.to_string(),
+            why: format!("no SQLite file at {}", path.display()),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
+    )
+    .map_err(|e| db(target, e))?;
+    // The application may be writing: wait for its locks rather than fail at once.
+    conn.busy_timeout(Duration::from_secs(30))
+        .map_err(|e| db(target, e))?;
+    Ok(conn)
+}
+
+/// Maps a driver error: busy and locked are worth retrying, the rest is not.
+pub(crate) fn db(target: &str, e: rusqlite::Error) -> AdapterError {
+    use rusqlite::ErrorCode::{CannotOpen, DatabaseBusy, DatabaseLocked};
+    match e.sqlite_error_code() {
+        Some(DatabaseBusy | DatabaseLocked | CannotOpen) => AdapterError::Unavailable {
+            target: target.to_string(),
+            why: e.to_string(),
+        },
+        _ => AdapterError::Failed {
+            target: target.to_string(),
+            why: e.to_string(),
+        },
+    }
+}
+
+/// Whether a table exists.
+pub(crate) fn has_table(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+        [table],
+        |r| r.get(0),
+    )
+}
+
+/// The columns of a table.
+pub(crate) fn columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare("SELECT name FROM pragma_table_info(?1)")?;
+    let cols = stmt.query_map([table], |r| r.get(0))?.collect();
+    cols
+}
+
+/// Quotes an SQL identifier (table or column name from config) for SQLite: doubled quotes.
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

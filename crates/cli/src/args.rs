@@ -1,0 +1,252 @@
+//! The command line, declared once. `lethe --help` and `lethe COMMAND --help` are generated
+//! from these doc comments: they are the user's manual, so they say what each thing does.
+
+use std::path::PathBuf;
+
+use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
+
+/// Erase one person's (or one memory's, or one tenant's) AI-agent memory from every registered
+/// store, stop running agents from writing it back, verify nothing is left, and issue a signed
+/// certificate that holds counts and a keyed hash, never the person's identifiers.
+///
+/// Start with `lethe demo`. Exit codes: 0 done or clean; 1 residue found (verify) or an
+/// internal error; 2 bad input or config, nothing touched; 3 job BLOCKED; 4 refused by a legal
+/// hold.
+#[derive(Parser, Debug)]
+#[command(name = "lethe", version, max_term_width = 100)]
+pub struct Args {
+    /// The config file (default ./lethe.toml).
+    #[arg(
+        long,
+        global = true,
+        env = "LETHE_CONFIG",
+        default_value = "lethe.toml"
+    )]
+    pub config: PathBuf,
+
+    /// More log output on stderr (-v info, -vv debug). LETHE_LOG overrides. Logs never hold
+    /// identifiers: jobs are named by id, scopes by keyed hash.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Make a sample agent memory (written by real LangGraph) in a folder, register it, erase
+    /// acme/alice end to end, and show what happened to every subject.
+    Demo {
+        /// Where to put the sample (its memory files are rewritten on each run).
+        #[arg(long, default_value = "lethe-demo")]
+        dir: PathBuf,
+    },
+    /// List the registered targets: adapter kind and version, class, reachable or not.
+    Targets {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Count what each target holds for a scope (a dry run: reads only, journals nothing).
+    Inventory {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Print JSON: {"scope_hash", "targets": {NAME: {"count"}}}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Erase a scope: freeze it at the gate, wait for running work to drain, inventory, erase
+    /// exactly the inventory, verify zero residue, and sign a certificate. If a job for the
+    /// same scope is still open, that job is continued instead of starting another.
+    Erase {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Legal basis.
+        #[arg(long, value_parser = ["gdpr-art17", "ccpa", "account-closure", "tenant-offboarding"])]
+        basis: String,
+        /// The privacy ticket this erasure answers (e.g. DSR-1234).
+        #[arg(long)]
+        ticket: String,
+        /// Deadline, YYYY-MM-DD. Default: the basis's (GDPR one month from today, CCPA 45
+        /// days, others 30 days). Past that needs --extension-reason.
+        #[arg(long)]
+        deadline: Option<String>,
+        /// Why the deadline is extended (GDPR: up to two more months; CCPA: 45 more days).
+        #[arg(long)]
+        extension_reason: Option<String>,
+        /// Seconds to wait for agent work that held permits before the freeze to finish.
+        /// Work that does not drain leaves the job BLOCKED (undrained), never COMPLETE.
+        #[arg(long, default_value_t = 30)]
+        drain_timeout: u64,
+        /// Print JSON: {"job_id", "state", "blocked_reason", "certificate"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Count what is left for a scope in every target, hidden rows included (expired items,
+    /// orphaned vectors). Exit 1 if anything is left.
+    Verify {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Print JSON: {"clean", "targets": {NAME: {"residue"}}}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List jobs.
+    Jobs {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one job.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+    },
+    /// Continue a job from its journaled state (after a crash, a block or a released hold).
+    Resume {
+        /// The job id.
+        job_id: String,
+        /// Seconds to wait for undrained permits.
+        #[arg(long, default_value_t = 30)]
+        drain_timeout: u64,
+        /// Print JSON, as `erase --json`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show or verify a certificate.
+    Certificate {
+        #[command(subcommand)]
+        command: CertificateCommand,
+    },
+    /// Legal holds: a held tenant or subject cannot be erased until the hold is released.
+    Hold {
+        #[command(subcommand)]
+        command: HoldCommand,
+    },
+    /// Check the journal's hash chain.
+    Journal {
+        #[command(subcommand)]
+        command: JournalCommand,
+    },
+}
+
+/// The scope of a request. --tenant alone is the whole tenant; with --subject, one person;
+/// with --memory, one memory of that person.
+#[derive(ClapArgs, Debug, Clone)]
+pub struct ScopeArgs {
+    /// The tenant's stable id.
+    #[arg(long)]
+    pub tenant: String,
+    /// The person's stable id (never a name or e-mail). Omit it to address the whole tenant.
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// One memory's id (for a LangGraph store: namespace suffix and key, e.g. memories/k42).
+    #[arg(long, requires = "subject")]
+    pub memory: Option<String>,
+    /// The memory's version (default: the one current at the freeze).
+    #[arg(long, requires = "memory")]
+    pub version: Option<String>,
+}
+
+/// `lethe job ...`
+#[derive(Subcommand, Debug)]
+pub enum JobCommand {
+    /// Show one job: state, per-target progress, certificate path.
+    Show {
+        /// The job id.
+        job_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Certificate output formats.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum CertFormat {
+    /// The signed JSON document.
+    Json,
+    /// A Markdown summary for a DPO.
+    Md,
+}
+
+/// `lethe certificate ...`
+#[derive(Subcommand, Debug)]
+pub enum CertificateCommand {
+    /// Print a completed job's certificate.
+    Show {
+        /// The job id.
+        job_id: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "json")]
+        format: CertFormat,
+    },
+    /// Verify a certificate file's signature offline; with --tenant/--subject also check it is
+    /// for that scope (needs the deployment key, to recompute the keyed hash).
+    Verify {
+        /// The certificate file.
+        file: PathBuf,
+        /// Trust this public key (ed25519:<hex> or <hex>) instead of the deployment key's.
+        #[arg(long)]
+        public_key: Option<String>,
+        /// The tenant the certificate should cover.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The subject the certificate should cover.
+        #[arg(long, requires = "tenant")]
+        subject: Option<String>,
+        /// The memory the certificate should cover.
+        #[arg(long, requires = "subject")]
+        memory: Option<String>,
+        /// The memory version, if the request named one.
+        #[arg(long, requires = "memory")]
+        version: Option<String>,
+    },
+}
+
+/// `lethe hold ...`
+#[derive(Subcommand, Debug)]
+pub enum HoldCommand {
+    /// Place a hold on a tenant, or on one subject.
+    Add {
+        /// The tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The subject (omit to hold the whole tenant).
+        #[arg(long)]
+        subject: Option<String>,
+        /// Why (e.g. the matter number). Do not put personal data here.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Release the holds on exactly this tenant (and subject).
+    Release {
+        /// The tenant.
+        #[arg(long)]
+        tenant: String,
+        /// The subject.
+        #[arg(long)]
+        subject: Option<String>,
+    },
+    /// List active holds.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `lethe journal ...`
+#[derive(Subcommand, Debug)]
+pub enum JournalCommand {
+    /// Walk the hash chain and replay every job; exit 1 if an entry was edited, reordered or
+    /// removed.
+    Verify {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}

@@ -1,0 +1,588 @@
+//! Each command: parse identifiers, call the engine, print. Errors become exit codes here and
+//! nowhere else.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use lethe_core::certificate::Certificate;
+use lethe_core::clock::SystemClock;
+use lethe_core::{Basis, JobState, MemoryId, Scope, Subject, Tenant, Version};
+use lethe_engine::{Config, Engine, EngineError, Outcome, Progress, Request, RunOptions};
+use serde_json::json;
+
+use crate::args::{
+    Args, CertFormat, CertificateCommand, Command, HoldCommand, JobCommand, JournalCommand,
+    ScopeArgs,
+};
+use crate::output::{self, print_json, Table};
+
+/// A failure with its exit code.
+pub struct Exit(pub i32, pub anyhow::Error);
+
+impl From<EngineError> for Exit {
+    fn from(e: EngineError) -> Self {
+        Exit(e.exit_code(), e.into())
+    }
+}
+
+fn bad(msg: impl std::fmt::Display) -> Exit {
+    Exit(2, anyhow::anyhow!("{msg}"))
+}
+
+/// Runs a command; returns the exit code.
+pub fn run(args: Args) -> i32 {
+    match dispatch(args) {
+        Ok(code) => code,
+        Err(Exit(code, e)) => {
+            eprintln!("error: {e:#}");
+            code
+        }
+    }
+}
+
+pub(crate) fn parse_scope(s: &ScopeArgs) -> Result<Scope, Exit> {
+    scope_of(
+        &s.tenant,
+        s.subject.as_deref(),
+        s.memory.as_deref(),
+        s.version.as_deref(),
+    )
+}
+
+fn scope_of(
+    tenant: &str,
+    subject: Option<&str>,
+    memory: Option<&str>,
+    version: Option<&str>,
+) -> Result<Scope, Exit> {
+    let f = |e: lethe_core::IdentError| bad(format!("--{e}"));
+    let tenant = Tenant::new(tenant).map_err(f)?;
+    Ok(match (subject, memory) {
+        (None, _) => Scope::Tenant { tenant },
+        (Some(s), None) => Scope::Subject {
+            tenant,
+            subject: Subject::new(s).map_err(f)?,
+        },
+        (Some(s), Some(m)) => Scope::Memory {
+            tenant,
+            subject: Subject::new(s).map_err(f)?,
+            memory: MemoryId::new(m).map_err(f)?,
+            version: version.map(Version::new).transpose().map_err(f)?,
+        },
+    })
+}
+
+pub(crate) fn open_engine(config: &Path) -> Result<Engine, Exit> {
+    let cfg = Config::load(config).map_err(bad)?;
+    Ok(Engine::open(cfg, Arc::new(SystemClock))?)
+}
+
+fn pause_from_env() -> Option<(String, std::path::PathBuf)> {
+    // Test-only fault injection; see RunOptions::pause_at.
+    let at = std::env::var("LETHE_TEST_PAUSE_AT").ok()?;
+    let file = std::env::var("LETHE_TEST_PAUSE_FILE").ok()?;
+    Some((at, file.into()))
+}
+
+/// Where progress lines go.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProgressTo {
+    /// Nowhere (JSON output).
+    Nowhere,
+    /// stderr, so stdout stays the result.
+    Stderr,
+    /// stdout, in order with the rest (the demo).
+    Stdout,
+}
+
+/// Prints progress, one line per step.
+pub(crate) fn progress_printer(to: ProgressTo) -> impl FnMut(Progress) {
+    let mut last_state = None;
+    move |p| {
+        let line = match p {
+            Progress::State(s) if last_state != Some(s) => {
+                last_state = Some(s);
+                format!("  -> {s}")
+            }
+            Progress::State(_) => return,
+            Progress::Draining { undrained } => {
+                format!("     waiting for {undrained} permits to drain")
+            }
+            Progress::Inventoried { target, count } => {
+                format!("     inventory  {target}: {count} rows")
+            }
+            Progress::Exempt { target, reason } => format!("     exempt     {target}: {reason}"),
+            Progress::Erased {
+                target,
+                done,
+                total,
+            } => format!("     erased     {target}: {done}/{total} locators"),
+            Progress::Verified { target, residue } => {
+                format!("     verified   {target}: {residue} left")
+            }
+        };
+        match to {
+            ProgressTo::Nowhere => {}
+            ProgressTo::Stderr => eprintln!("{line}"),
+            ProgressTo::Stdout => println!("{line}"),
+        }
+    }
+}
+
+fn progress_to(json: bool) -> ProgressTo {
+    if json {
+        ProgressTo::Nowhere
+    } else {
+        ProgressTo::Stderr
+    }
+}
+
+fn outcome_code(o: &Outcome) -> i32 {
+    match o.state {
+        JobState::Complete => 0,
+        JobState::Blocked => 3,
+        _ => 3,
+    }
+}
+
+pub(crate) fn print_outcome(o: &Outcome, json: bool) {
+    if json {
+        print_json(&json!({
+            "job_id": o.job_id,
+            "state": o.state,
+            "blocked_reason": o.blocked_reason,
+            "blocked_target": o.blocked_target,
+            "certificate": o.certificate,
+        }));
+        return;
+    }
+    match o.state {
+        JobState::Complete => {
+            println!("Job {} COMPLETE.", o.job_id);
+            if let Some(p) = &o.certificate_path {
+                println!("Certificate: {}", p.display());
+            }
+        }
+        s => {
+            let reason = o.blocked_reason.map(|r| r.to_string()).unwrap_or_default();
+            let target = o
+                .blocked_target
+                .as_deref()
+                .map(|t| format!(" (target {t})"))
+                .unwrap_or_default();
+            println!(
+                "Job {} {s}: {reason}{target}. Fix the cause, then `lethe resume {}`.",
+                o.job_id, o.job_id
+            );
+        }
+    }
+}
+
+fn dispatch(args: Args) -> Result<i32, Exit> {
+    let config = args.config;
+    match args.command {
+        Command::Demo { dir } => crate::demo::run(&dir),
+        Command::Targets { json } => {
+            let engine = open_engine(&config)?;
+            let mut rows = Vec::new();
+            for t in engine.targets() {
+                let d = t.adapter.describe();
+                let probe = t.adapter.probe();
+                rows.push((
+                    t.name.clone(),
+                    d,
+                    t.class.clone(),
+                    probe.err().map(|e| e.to_string()),
+                ));
+            }
+            if json {
+                print_json(&json!(rows
+                    .iter()
+                    .map(|(n, d, c, e)| json!({
+                        "name": n, "kind": d.kind, "version": d.version, "class": c,
+                        "capabilities": d.capabilities, "reachable": e.is_none(), "error": e,
+                    }))
+                    .collect::<Vec<_>>()));
+            } else {
+                let mut t = Table::new(&["TARGET", "KIND", "VERSION", "CLASS", "REACHABLE"]);
+                for (n, d, c, e) in &rows {
+                    t.row(vec![
+                        n.clone(),
+                        d.kind.into(),
+                        d.version.into(),
+                        c.clone(),
+                        e.clone().map_or("yes".into(), |e| format!("no: {e}")),
+                    ]);
+                }
+                t.print();
+            }
+            Ok(if rows.iter().any(|r| r.3.is_some()) {
+                1
+            } else {
+                0
+            })
+        }
+        Command::Inventory { scope, json } => {
+            let scope = parse_scope(&scope)?;
+            let engine = open_engine(&config)?;
+            let counts = engine.inventory(&scope)?;
+            if json {
+                let targets: serde_json::Map<_, _> =
+                    counts.iter().map(|(n, c)| (n.clone(), json!(c))).collect();
+                print_json(&json!({"scope_hash": engine.scope_hash(&scope), "targets": targets}));
+            } else {
+                println!("Scope {} ({})", engine.scope_hash(&scope), scope.kind());
+                let mut t = Table::new(&["TARGET", "ROWS"]);
+                for (n, c) in &counts {
+                    t.row(vec![
+                        n.clone(),
+                        c.exempt
+                            .as_ref()
+                            .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
+                    ]);
+                }
+                t.print();
+            }
+            Ok(0)
+        }
+        Command::Erase {
+            scope,
+            basis,
+            ticket,
+            deadline,
+            extension_reason,
+            drain_timeout,
+            json,
+        } => {
+            let scope = parse_scope(&scope)?;
+            let basis: Basis = basis.parse().map_err(bad)?;
+            let deadline = deadline
+                .map(|d| {
+                    time::Date::parse(
+                        &d,
+                        &time::macros::format_description!("[year]-[month]-[day]"),
+                    )
+                })
+                .transpose()
+                .map_err(|_| bad("--deadline must be YYYY-MM-DD"))?;
+            let engine = open_engine(&config)?;
+            let opts = RunOptions {
+                drain_timeout: Duration::from_secs(drain_timeout),
+                pause_at: pause_from_env(),
+            };
+            let req = Request {
+                scope,
+                basis,
+                ticket,
+                deadline,
+                extension_reason,
+            };
+            match engine.erase(req, &opts, &mut progress_printer(progress_to(json))) {
+                Ok(o) => {
+                    print_outcome(&o, json);
+                    Ok(outcome_code(&o))
+                }
+                Err(EngineError::Held { job_id, holds }) if json => {
+                    print_json(
+                        &json!({"job_id": job_id, "state": "REQUESTED", "blocked_reason": "legal_hold", "holds": holds, "certificate": null}),
+                    );
+                    Ok(4)
+                }
+                Err(e) => Err(e.into()),
+            }
+        }
+        Command::Resume {
+            job_id,
+            drain_timeout,
+            json,
+        } => {
+            let engine = open_engine(&config)?;
+            let opts = RunOptions {
+                drain_timeout: Duration::from_secs(drain_timeout),
+                pause_at: pause_from_env(),
+            };
+            let o = engine.resume(&job_id, &opts, &mut progress_printer(progress_to(json)))?;
+            print_outcome(&o, json);
+            Ok(outcome_code(&o))
+        }
+        Command::Verify { scope, json } => {
+            let scope = parse_scope(&scope)?;
+            let engine = open_engine(&config)?;
+            let counts = engine.verify(&scope)?;
+            let clean = counts.iter().all(|(_, c)| c.count == 0);
+            if json {
+                let targets: serde_json::Map<_, _> = counts
+                    .iter()
+                    .map(|(n, c)| (n.clone(), json!({"residue": c.count, "exempt": c.exempt})))
+                    .collect();
+                print_json(&json!({"clean": clean, "targets": targets}));
+            } else {
+                let mut t = Table::new(&["TARGET", "RESIDUE"]);
+                for (n, c) in &counts {
+                    t.row(vec![
+                        n.clone(),
+                        c.exempt
+                            .as_ref()
+                            .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
+                    ]);
+                }
+                t.print();
+                println!(
+                    "{}",
+                    if clean {
+                        "Clean: nothing left for this scope."
+                    } else {
+                        "RESIDUE: rows are left for this scope."
+                    }
+                );
+            }
+            Ok(if clean { 0 } else { 1 })
+        }
+        Command::Jobs { json } => {
+            let engine = open_engine(&config)?;
+            let jobs = engine.journal().jobs().map_err(EngineError::from)?;
+            if json {
+                print_json(&json!(jobs.iter().map(|j| json!({
+                    "job_id": j.job_id, "state": j.state, "scope_hash": j.scope_hash,
+                    "scope": j.scope.kind(), "requested_at": j.requested_at, "deadline": j.deadline,
+                    "blocked_reason": j.blocked_reason,
+                })).collect::<Vec<_>>()));
+            } else {
+                let mut t = Table::new(&[
+                    "JOB",
+                    "STATE",
+                    "SCOPE",
+                    "SCOPE HASH",
+                    "REQUESTED",
+                    "DEADLINE",
+                ]);
+                for j in &jobs {
+                    let state = match j.blocked_reason {
+                        Some(r) if j.state == JobState::Blocked => format!("BLOCKED ({r})"),
+                        _ => j.state.to_string(),
+                    };
+                    t.row(vec![
+                        j.job_id.clone(),
+                        state,
+                        j.scope.kind().to_string(),
+                        output::short_hash(&j.scope_hash),
+                        j.requested_at.clone(),
+                        j.deadline.clone(),
+                    ]);
+                }
+                t.print();
+            }
+            Ok(0)
+        }
+        Command::Job {
+            command: JobCommand::Show { job_id, json },
+        } => {
+            let engine = open_engine(&config)?;
+            let job = engine
+                .journal()
+                .job(&job_id)
+                .map_err(|e| bad(format!("{e}; `lethe jobs` lists them")))?;
+            let mut targets = serde_json::Map::new();
+            for t in engine.targets() {
+                let (inv, erased, residue) = engine
+                    .journal()
+                    .progress(&job_id, &t.name)
+                    .map_err(EngineError::from)?;
+                targets.insert(
+                    t.name.clone(),
+                    json!({"inventoried": inv, "erased": erased, "residue": residue}),
+                );
+            }
+            let out = engine.outcome(&job_id)?;
+            if json {
+                print_json(&json!({
+                    "job_id": job.job_id, "state": job.state, "scope": job.scope.kind(), "scope_hash": job.scope_hash,
+                    "basis": job.basis, "policy_version": job.policy_version, "requested_at": job.requested_at,
+                    "updated_at": job.updated_at, "deadline": job.deadline, "subject_epoch": job.subject_epoch,
+                    "tenant_epoch": job.tenant_epoch, "blocked_reason": job.blocked_reason,
+                    "blocked_target": job.blocked_target, "targets": targets, "certificate_path": out.certificate_path,
+                }));
+            } else {
+                println!(
+                    "Job {}  {}  {} {}",
+                    job.job_id,
+                    job.state,
+                    job.scope.kind(),
+                    job.scope_hash
+                );
+                println!(
+                    "basis {}  policy {}  requested {}  deadline {}",
+                    job.basis, job.policy_version, job.requested_at, job.deadline
+                );
+                if let Some(r) = job.blocked_reason {
+                    println!(
+                        "blocked: {r}{}",
+                        job.blocked_target
+                            .map(|t| format!(" (target {t})"))
+                            .unwrap_or_default()
+                    );
+                }
+                let mut t = Table::new(&["TARGET", "INVENTORIED", "ERASED", "RESIDUE"]);
+                for (name, v) in &targets {
+                    let f = |k: &str| v[k].as_u64().map_or("-".to_string(), |n| n.to_string());
+                    t.row(vec![
+                        name.clone(),
+                        f("inventoried"),
+                        f("erased"),
+                        f("residue"),
+                    ]);
+                }
+                t.print();
+                if let Some(p) = out.certificate_path {
+                    println!("certificate: {}", p.display());
+                }
+            }
+            Ok(0)
+        }
+        Command::Certificate {
+            command: CertificateCommand::Show { job_id, format },
+        } => {
+            let engine = open_engine(&config)?;
+            let o = engine
+                .outcome(&job_id)
+                .map_err(|e| bad(format!("{e}; `lethe jobs` lists them")))?;
+            let Some(cert) = o.certificate else {
+                return Err(bad(format!(
+                    "job {job_id} is {} and has no certificate yet",
+                    o.state
+                )));
+            };
+            match format {
+                CertFormat::Json => print_json(&cert),
+                CertFormat::Md => print!("{}", output::certificate_markdown(&cert)),
+            }
+            Ok(0)
+        }
+        Command::Certificate {
+            command:
+                CertificateCommand::Verify {
+                    file,
+                    public_key,
+                    tenant,
+                    subject,
+                    memory,
+                    version,
+                },
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))
+                .map_err(|e| Exit(2, e))?;
+            let doc: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| bad(format!("{} is not JSON: {e}", file.display())))?;
+            let key = match (&public_key, &tenant) {
+                (Some(_), Some(_)) => {
+                    return Err(bad("--tenant needs the deployment key; drop --public-key"))
+                }
+                (Some(pk), None) => output::parse_public_key(pk).map_err(bad)?,
+                (None, _) => {
+                    let cfg = Config::load(&config).map_err(bad)?;
+                    lethe_engine::keyfile::load(&cfg.key_file)
+                        .map_err(bad)?
+                        .verifying_key()
+                }
+            };
+            let cert = Certificate::verify(&doc, &key).map_err(|e| Exit(1, e.into()))?;
+            if let Some(t) = tenant {
+                let scope = scope_of(
+                    &t,
+                    subject.as_deref(),
+                    memory.as_deref(),
+                    version.as_deref(),
+                )?;
+                let cfg = Config::load(&config).map_err(bad)?;
+                let dk = lethe_engine::keyfile::load(&cfg.key_file).map_err(bad)?;
+                if !cert.is_for(&scope.hash(&dk.scope_key())) {
+                    println!("Signature valid, but the certificate is NOT for that scope.");
+                    return Ok(1);
+                }
+                println!(
+                    "Signature valid; job {} is for that {} scope.",
+                    cert.job_id,
+                    scope.kind()
+                );
+            } else {
+                println!(
+                    "Signature valid: job {}, {} scope {}, completed {}.",
+                    cert.job_id, cert.scope, cert.scope_hash, cert.completed_at
+                );
+            }
+            Ok(0)
+        }
+        Command::Hold { command } => {
+            let engine = open_engine(&config)?;
+            match command {
+                HoldCommand::Add {
+                    tenant,
+                    subject,
+                    reason,
+                } => {
+                    let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
+                    let id = engine.add_hold(scope.tenant(), scope.subject(), reason.as_deref())?;
+                    println!(
+                        "Hold {id} placed on {} scope {}.",
+                        scope.kind(),
+                        engine.scope_hash(&scope)
+                    );
+                }
+                HoldCommand::Release { tenant, subject } => {
+                    let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
+                    let ids = engine.release_holds(scope.tenant(), scope.subject())?;
+                    if ids.is_empty() {
+                        return Err(bad(
+                            "no active hold on exactly that scope; `lethe hold list` shows them",
+                        ));
+                    }
+                    println!("Released {}.", ids.join(", "));
+                }
+                HoldCommand::List { json } => {
+                    let holds = engine.journal().holds().map_err(EngineError::from)?;
+                    if json {
+                        print_json(&json!(holds));
+                    } else {
+                        let mut t = Table::new(&["HOLD", "TENANT", "SUBJECT", "SINCE", "REASON"]);
+                        for h in holds {
+                            t.row(vec![
+                                h.hold_id,
+                                h.tenant,
+                                h.subject.unwrap_or_else(|| "(whole tenant)".into()),
+                                h.created_at,
+                                h.reason.unwrap_or_default(),
+                            ]);
+                        }
+                        t.print();
+                    }
+                }
+            }
+            Ok(0)
+        }
+        Command::Journal {
+            command: JournalCommand::Verify { json },
+        } => {
+            let engine = open_engine(&config)?;
+            let r = engine.journal().verify_chain().map_err(EngineError::from)?;
+            if json {
+                print_json(
+                    &json!({"intact": r.is_intact(), "entries": r.entries, "jobs": r.jobs, "problems": r.problems}),
+                );
+            } else if r.is_intact() {
+                println!(
+                    "Journal intact: {} entries, {} jobs replayed.",
+                    r.entries, r.jobs
+                );
+            } else {
+                println!("Journal BROKEN ({} entries read):", r.entries);
+                for p in &r.problems {
+                    println!("  - {p}");
+                }
+            }
+            Ok(if r.is_intact() { 0 } else { 1 })
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! `lethe demo`: a sample agent memory written by real LangGraph (SqliteSaver, SqliteStore
+//! with a sqlite-vec index, and a thread registry), registered in a `lethe.toml`, then
+//! acme/alice erased end to end. The sample files are the test fixtures, embedded at build time
+//! (tests/fixtures/regenerate.sh rewrites them with LangGraph itself).
+
+use std::path::Path;
+use std::time::Duration;
+
+use lethe_core::{Basis, Scope, Subject, Tenant};
+use lethe_engine::{Request, RunOptions};
+
+use crate::cli::{open_engine, print_outcome, progress_printer, Exit, ProgressTo};
+use crate::output::Table;
+
+const CHECKPOINTS: &[u8] =
+    include_bytes!("../../../tests/fixtures/langgraph-sqlite/checkpoints.db");
+const STORE: &[u8] = include_bytes!("../../../tests/fixtures/langgraph-sqlite/store.db");
+const APP: &[u8] = include_bytes!("../../../tests/fixtures/langgraph-sqlite/app.db");
+
+const CONFIG: &str = r#"# Written by `lethe demo`. Every key is documented in Lethe's README (config reference).
+[control]
+journal = "sqlite:lethe-journal.db"
+key_file = "lethe.key"
+policy_version = "demo-1"
+certificates = "certificates"
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-sqlite-checkpointer"
+class = "primary"
+path = "memory/checkpoints.db"
+registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
+metadata = { tenant = "tenant_id", subject = "user_id" }
+
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "memory/store.db"
+namespace = ["{tenant}", "{subject}"]
+"#;
+
+const SUBJECTS: [(&str, &str); 3] = [("acme", "alice"), ("acme", "bob"), ("globex", "carol")];
+
+fn io(e: std::io::Error) -> Exit {
+    Exit(1, e.into())
+}
+
+/// Runs the demo in `dir`; returns the exit code.
+pub fn run(dir: &Path) -> Result<i32, Exit> {
+    let mem = dir.join("memory");
+    std::fs::create_dir_all(&mem).map_err(io)?;
+    // Fresh memory on every run; the journal and key persist, so runs accumulate jobs.
+    for (name, bytes) in [
+        ("checkpoints.db", CHECKPOINTS),
+        ("store.db", STORE),
+        ("app.db", APP),
+    ] {
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(mem.join(format!("{name}{suffix}")));
+        }
+        std::fs::write(mem.join(name), bytes).map_err(io)?;
+    }
+    let config = dir.join("lethe.toml");
+    std::fs::write(&config, CONFIG).map_err(io)?;
+    println!(
+        "Sample agent memory (written by real LangGraph) in {}",
+        mem.display()
+    );
+    println!("Config: {}\n", config.display());
+
+    let engine = open_engine(&config)?;
+    let scopes: Vec<Scope> = SUBJECTS
+        .iter()
+        .map(|(t, s)| Scope::Subject {
+            tenant: Tenant::new(*t).expect("valid"),
+            subject: Subject::new(*s).expect("valid"),
+        })
+        .collect();
+    let count_all = || -> Result<Vec<Vec<u64>>, Exit> {
+        scopes
+            .iter()
+            .map(|s| {
+                Ok(engine
+                    .inventory(s)?
+                    .into_iter()
+                    .map(|(_, c)| c.count)
+                    .collect())
+            })
+            .collect()
+    };
+    let before = count_all()?;
+    println!("Inventory of acme/alice (a dry run; erasing is next):");
+    let mut t = Table::new(&["TARGET", "ROWS"]);
+    for (target, n) in engine.targets().iter().zip(&before[0]) {
+        t.row(vec![target.name.clone(), n.to_string()]);
+    }
+    t.print();
+
+    println!("\nErasing acme/alice (gdpr-art17, ticket DEMO-1):");
+    let req = Request {
+        scope: scopes[0].clone(),
+        basis: Basis::GdprArt17,
+        ticket: "DEMO-1".into(),
+        deadline: None,
+        extension_reason: None,
+    };
+    let opts = RunOptions {
+        drain_timeout: Duration::from_secs(5),
+        pause_at: None,
+    };
+    let outcome = engine.erase(req, &opts, &mut progress_printer(ProgressTo::Stdout))?;
+    let after = count_all()?;
+
+    println!("\nRows per subject and target, before -> after:");
+    let mut head = vec!["SUBJECT".to_string()];
+    head.extend(engine.targets().iter().map(|t| t.name.clone()));
+    let head_refs: Vec<&str> = head.iter().map(String::as_str).collect();
+    let mut t = Table::new(&head_refs);
+    for (i, (tenant, subject)) in SUBJECTS.iter().enumerate() {
+        let mut row = vec![format!("{tenant}/{subject}")];
+        row.extend(
+            before[i]
+                .iter()
+                .zip(&after[i])
+                .map(|(b, a)| format!("{b} -> {a}")),
+        );
+        t.row(row);
+    }
+    t.print();
+    println!();
+    print_outcome(&outcome, false);
+    println!("\nNext: `lethe --config {} certificate show {} --format md`, `lethe --config {} journal verify`.", config.display(), outcome.job_id, config.display());
+    Ok(if outcome.state == lethe_core::JobState::Complete {
+        0
+    } else {
+        3
+    })
+}

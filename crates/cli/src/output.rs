@@ -1,0 +1,107 @@
+//! Plain-text tables, JSON printing and the certificate's Markdown form.
+
+use serde_json::Value;
+
+/// Prints pretty JSON on stdout.
+pub fn print_json(v: &Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// `hmac:0123456789ab…` for tables.
+pub fn short_hash(h: &str) -> String {
+    match h.get(..17) {
+        Some(s) => format!("{s}…"),
+        None => h.to_string(),
+    }
+}
+
+/// A left-aligned text table.
+pub struct Table {
+    head: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column heads.
+    pub fn new(head: &[&str]) -> Self {
+        Self {
+            head: head.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row.
+    pub fn row(&mut self, r: Vec<String>) {
+        self.rows.push(r);
+    }
+
+    /// Prints it on stdout.
+    pub fn print(&self) {
+        let mut w: Vec<usize> = self.head.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let line = |r: &[String]| {
+            let cells: Vec<String> = r
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+                .collect();
+            println!("{}", cells.join("  ").trim_end());
+        };
+        line(&self.head);
+        for r in &self.rows {
+            line(r);
+        }
+    }
+}
+
+/// Parses `ed25519:<hex>` or `<hex>`.
+pub fn parse_public_key(s: &str) -> Result<ed25519_dalek::VerifyingKey, String> {
+    let hex = s.strip_prefix("ed25519:").unwrap_or(s);
+    let mut b = [0u8; 32];
+    hex::decode_to_slice(hex, &mut b)
+        .map_err(|_| "--public-key must be ed25519:<64 hex>".to_string())?;
+    ed25519_dalek::VerifyingKey::from_bytes(&b)
+        .map_err(|_| "--public-key is not a valid Ed25519 key".to_string())
+}
+
+/// A DPO-readable summary of a signed certificate.
+pub fn certificate_markdown(c: &Value) -> String {
+    let s = |k: &str| c[k].as_str().unwrap_or("-").to_string();
+    let mut out = format!(
+        "# Erasure certificate {}\n\n| field | value |\n|---|---|\n| scope | {} |\n| scope hash | `{}` |\n| basis | {} |\n| policy version | {} |\n| requested | {} |\n| completed | {} |\n| deadline | {} |\n",
+        s("job_id"), s("scope"), s("scope_hash"), s("basis"), s("policy_version"), s("requested_at"), s("completed_at"), s("deadline")
+    );
+    if let Some(e) = c["subject_epoch"].as_u64() {
+        out.push_str(&format!("| subject epoch | {e} |\n"));
+    }
+    out.push_str(&format!(
+        "| backup expiry | {} |\n",
+        c["backup_expiry"].as_str().unwrap_or("none registered")
+    ));
+    out.push_str("\n| target | status | count | class | adapter |\n|---|---|---|---|---|\n");
+    if let Some(ts) = c["targets"].as_object() {
+        for (name, t) in ts {
+            let status = t["status"].as_str().unwrap_or("-");
+            let status = match t["reason"].as_str() {
+                Some(r) => format!("{status} ({r})"),
+                None => status.to_string(),
+            };
+            out.push_str(&format!(
+                "| {name} | {status} | {} | {} | {} {} |\n",
+                t["count"],
+                t["class"].as_str().unwrap_or("-"),
+                t["adapter"].as_str().unwrap_or("-"),
+                t["adapter_version"].as_str().unwrap_or("-")
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\nSigned by `{}`. Verify offline: `lethe certificate verify FILE`.\nThis certificate holds no identifier and no memory content.\n",
+        s("signed_by")
+    ));
+    out
+}

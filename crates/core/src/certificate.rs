@@ -1,0 +1,274 @@
+//! The signed completion proof.
+//!
+//! A certificate says which job erased what kind of scope (by keyed hash), under which basis and
+//! policy, when, and for each target its status and count. It never holds an identifier, a key
+//! or any content. It is JSON, signed with Ed25519 over its canonical form (keys sorted, no
+//! spaces, the `signature` field left out), so anyone with the public key verifies it offline.
+
+use std::collections::BTreeMap;
+
+use ed25519_dalek::{Signature, Signer, Verifier, VerifyingKey};
+use serde_json::Value;
+use time::Date;
+
+use crate::basis::Basis;
+use crate::keys::DeploymentKey;
+use crate::scope::{ScopeHash, ScopeKind};
+
+/// The format tag every certificate carries.
+pub const FORMAT: &str = "lethe-certificate/1";
+
+/// A target's outcome, as the certificate shows it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TargetStatus {
+    /// Erased and verified zero.
+    Done,
+    /// A backup that ages out on `expires`.
+    PendingExpiry,
+    /// Made unreadable by destroying its key.
+    Shredded,
+    /// Not erased, for the recorded `reason`.
+    Exempt,
+}
+
+/// One target's line on the certificate.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetRecord {
+    /// The outcome.
+    pub status: TargetStatus,
+    /// Rows (or keys, documents) erased: the frozen inventory, all verified gone.
+    pub count: u64,
+    /// The target's asset class (`primary`, `vector-index`, ...).
+    pub class: String,
+    /// The adapter kind that erased it.
+    pub adapter: String,
+    /// The adapter's version.
+    pub adapter_version: String,
+    /// Error codes met on the way (retried errors included), for the audit.
+    pub error_codes: Vec<String>,
+    /// Why an `EXEMPT` target was not erased.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When a `PENDING_EXPIRY` target's last copy expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<Date>,
+}
+
+/// The certificate's content, before it is signed.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Certificate {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The job that did the work.
+    pub job_id: String,
+    /// What kind of scope was erased.
+    pub scope: ScopeKind,
+    /// The keyed hash of the canonical scope.
+    pub scope_hash: String,
+    /// The subject's epoch after the freeze (subject and memory scopes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject_epoch: Option<u64>,
+    /// The tenant's epoch after the freeze (tenant scope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_epoch: Option<u64>,
+    /// The legal basis.
+    pub basis: Basis,
+    /// The deployment's erasure policy version in force.
+    pub policy_version: String,
+    /// When the request was received (RFC 3339, UTC).
+    pub requested_at: String,
+    /// When the job completed (RFC 3339, UTC).
+    pub completed_at: String,
+    /// The statutory or contractual deadline.
+    pub deadline: Date,
+    /// Each target's outcome, by target name.
+    pub targets: BTreeMap<String, TargetRecord>,
+    /// When the last backup copy expires, if any target is pending expiry.
+    #[serde(default)]
+    pub backup_expiry: Option<Date>,
+    /// `ed25519:<hex>`: the public key that signed it.
+    pub signed_by: String,
+}
+
+/// Why a certificate does not verify.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    /// Not JSON, or not a certificate's shape.
+    #[error("not a Lethe certificate: {0}")]
+    Malformed(String),
+    /// Signed by another key than the one trusted.
+    #[error("signed by {found}, not by the trusted key {trusted}")]
+    WrongKey {
+        /// The key named in the certificate.
+        found: String,
+        /// The key trusted.
+        trusted: String,
+    },
+    /// The signature does not match the content: it was altered after signing.
+    #[error("the signature does not match the content: the certificate was altered")]
+    BadSignature,
+}
+
+/// Serializes with object keys sorted and no whitespace: the bytes that are signed.
+pub fn canonical_json(v: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<_> = m.keys().collect();
+                keys.sort();
+                let mut out = serde_json::Map::new();
+                for k in keys {
+                    out.insert(k.clone(), sorted(&m[k]));
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    sorted(v).to_string()
+}
+
+fn key_name(k: &VerifyingKey) -> String {
+    format!("ed25519:{}", hex::encode(k.as_bytes()))
+}
+
+impl Certificate {
+    /// Signs the certificate; returns the signed JSON document.
+    pub fn sign(mut self, key: &DeploymentKey) -> Value {
+        let signing = key.signing_key();
+        self.signed_by = key_name(&signing.verifying_key());
+        let mut doc = serde_json::to_value(&self).expect("a certificate always serializes");
+        let sig = signing.sign(canonical_json(&doc).as_bytes());
+        doc["signature"] = Value::String(format!("ed25519:{}", hex::encode(sig.to_bytes())));
+        doc
+    }
+
+    /// Checks a signed document against the trusted public key and returns its content.
+    pub fn verify(doc: &Value, trusted: &VerifyingKey) -> Result<Certificate, CertificateError> {
+        let mut unsigned = doc.clone();
+        let sig = unsigned
+            .as_object_mut()
+            .and_then(|m| m.remove("signature"))
+            .and_then(|s| s.as_str().map(str::to_owned))
+            .ok_or_else(|| CertificateError::Malformed("no signature field".into()))?;
+        let cert: Certificate = serde_json::from_value(unsigned.clone())
+            .map_err(|e| CertificateError::Malformed(e.to_string()))?;
+        if cert.format != FORMAT {
+            return Err(CertificateError::Malformed(format!(
+                "unknown format {}",
+                cert.format
+            )));
+        }
+        let trusted_name = key_name(trusted);
+        if cert.signed_by != trusted_name {
+            return Err(CertificateError::WrongKey {
+                found: cert.signed_by,
+                trusted: trusted_name,
+            });
+        }
+        let mut bytes = [0u8; 64];
+        sig.strip_prefix("ed25519:")
+            .and_then(|h| hex::decode_to_slice(h, &mut bytes).ok())
+            .ok_or_else(|| {
+                CertificateError::Malformed("signature is not ed25519:<128 hex>".into())
+            })?;
+        trusted
+            .verify(
+                canonical_json(&unsigned).as_bytes(),
+                &Signature::from_bytes(&bytes),
+            )
+            .map_err(|_| CertificateError::BadSignature)?;
+        Ok(cert)
+    }
+
+    /// Whether the certificate is for this scope hash.
+    pub fn is_for(&self, hash: &ScopeHash) -> bool {
+        self.scope_hash == hash.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::date;
+
+    fn sample() -> Certificate {
+        let mut targets = BTreeMap::new();
+        targets.insert(
+            "memories".to_string(),
+            TargetRecord {
+                status: TargetStatus::Done,
+                count: 14,
+                class: "primary".into(),
+                adapter: "langgraph-sqlite-store".into(),
+                adapter_version: "1".into(),
+                error_codes: vec![],
+                reason: None,
+                expires: None,
+            },
+        );
+        Certificate {
+            format: FORMAT.into(),
+            job_id: "del-1".into(),
+            scope: ScopeKind::Subject,
+            scope_hash: format!("hmac:{}", "ab".repeat(32)),
+            subject_epoch: Some(12),
+            tenant_epoch: None,
+            basis: Basis::GdprArt17,
+            policy_version: "2026-12".into(),
+            requested_at: "2026-12-02T10:00:00Z".into(),
+            completed_at: "2026-12-02T10:00:05Z".into(),
+            deadline: date!(2027 - 01 - 02),
+            targets,
+            backup_expiry: None,
+            signed_by: String::new(),
+        }
+    }
+
+    #[test]
+    fn signed_certificate_verifies_and_any_edit_breaks_it() {
+        let key = DeploymentKey::from_bytes([3; 32]);
+        let doc = sample().sign(&key);
+        assert_eq!(
+            Certificate::verify(&doc, &key.verifying_key())
+                .unwrap()
+                .job_id,
+            "del-1"
+        );
+
+        let mut edited = doc.clone();
+        edited["targets"]["memories"]["count"] = 13.into();
+        assert!(matches!(
+            Certificate::verify(&edited, &key.verifying_key()),
+            Err(CertificateError::BadSignature)
+        ));
+
+        // Reordering keys or reformatting does not matter: the canonical form is signed.
+        let reparsed: Value =
+            serde_json::from_str(&serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+        assert!(Certificate::verify(&reparsed, &key.verifying_key()).is_ok());
+    }
+
+    #[test]
+    fn refuses_another_key() {
+        let doc = sample().sign(&DeploymentKey::from_bytes([3; 32]));
+        let other = DeploymentKey::from_bytes([4; 32]).verifying_key();
+        assert!(matches!(
+            Certificate::verify(&doc, &other),
+            Err(CertificateError::WrongKey { .. })
+        ));
+    }
+
+    #[test]
+    fn canonical_json_sorts_nested_keys() {
+        let v: Value = serde_json::from_str(r#"{"b":{"d":1,"c":2},"a":[{"z":1,"y":2}]}"#).unwrap();
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"a":[{"y":2,"z":1}],"b":{"c":2,"d":1}}"#
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! `lethe.toml`: parsed into raw structs that refuse unknown keys, then validated once into
+//! typed values. Relative paths are relative to the config file.
+//!
+//! ```toml
+//! [control]
+//! journal = "sqlite:lethe-journal.db"   # the journal and the gate's state
+//! key_file = "lethe.key"                # created 0600 on first use
+//! policy_version = "2026-12"            # goes on every certificate
+//! certificates = "certificates"         # where signed certificates are written
+//! batch_size = 500                      # locators erased per transaction
+//!
+//! [[target]]
+//! name = "memories"
+//! kind = "langgraph-sqlite-store"
+//! class = "primary"
+//! path = "memory/store.db"
+//! namespace = ["{tenant}", "{subject}"]
+//! ```
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use lethe_adapters::Target;
+
+/// Why a config does not load. Each says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read.
+    #[error("cannot read config {path}: {source}; create one (see `lethe demo` for an example) or pass --config")]
+    Read {
+        /// The path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not TOML, an unknown key, a wrong type.
+    #[error("config {path}: {message}")]
+    Parse {
+        /// The path.
+        path: String,
+        /// The parser's message, naming the key.
+        message: String,
+    },
+    /// A target table is wrong.
+    #[error("config {path}: {source}")]
+    Target {
+        /// The path.
+        path: String,
+        /// What is wrong.
+        #[source]
+        source: lethe_adapters::TargetConfigError,
+    },
+    /// Anything else that is invalid.
+    #[error("config {path}: {message}")]
+    Invalid {
+        /// The path.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    control: Option<RawControl>,
+    #[serde(default)]
+    target: Vec<toml::Table>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawControl {
+    journal: Option<String>,
+    key_file: Option<PathBuf>,
+    policy_version: Option<String>,
+    certificates: Option<PathBuf>,
+    batch_size: Option<usize>,
+}
+
+/// A loaded, validated config.
+#[derive(Debug)]
+pub struct Config {
+    /// The config file's folder; relative paths resolve against it.
+    pub base: PathBuf,
+    /// Journal URL, `sqlite:PATH`.
+    pub journal: String,
+    /// The deployment key file.
+    pub key_file: PathBuf,
+    /// Policy version for certificates.
+    pub policy_version: String,
+    /// Folder for signed certificates.
+    pub certificates: PathBuf,
+    /// Locators per erase transaction.
+    pub batch_size: usize,
+    /// The targets, in file order.
+    pub targets: Vec<Target>,
+}
+
+impl Config {
+    /// Reads and validates a config file. Touches no store.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = if base.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base
+        };
+        Self::parse(&text, &base, &shown)
+    }
+
+    /// Validates config text; `shown` names it in errors.
+    pub fn parse(text: &str, base: &Path, shown: &str) -> Result<Self, ConfigError> {
+        let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: shown.into(),
+            message: e.to_string(),
+        })?;
+        let c = raw.control.unwrap_or_default();
+        let invalid = |message: String| ConfigError::Invalid {
+            path: shown.into(),
+            message,
+        };
+        let batch_size = c.batch_size.unwrap_or(500);
+        if batch_size == 0 || batch_size > 100_000 {
+            return Err(invalid(
+                "control.batch_size must be between 1 and 100000".into(),
+            ));
+        }
+        let mut names = BTreeSet::new();
+        let mut targets = Vec::new();
+        for (i, t) in raw.target.into_iter().enumerate() {
+            let t =
+                lethe_adapters::build(i + 1, t, base).map_err(|source| ConfigError::Target {
+                    path: shown.into(),
+                    source,
+                })?;
+            if t.name.is_empty() || t.name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return Err(invalid(format!(
+                    "target #{}: name must be non-empty, without spaces",
+                    i + 1
+                )));
+            }
+            if !names.insert(t.name.clone()) {
+                return Err(invalid(format!("two targets are named '{}'", t.name)));
+            }
+            targets.push(t);
+        }
+        if targets.is_empty() {
+            return Err(invalid(
+                "no [[target]]: register at least one store to erase".into(),
+            ));
+        }
+        let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        Ok(Self {
+            base: base.to_path_buf(),
+            journal: c
+                .journal
+                .unwrap_or_else(|| "sqlite:lethe-journal.db".into()),
+            key_file: resolve(c.key_file.unwrap_or_else(|| "lethe.key".into())),
+            policy_version: c.policy_version.unwrap_or_else(|| "1".into()),
+            certificates: resolve(c.certificates.unwrap_or_else(|| "certificates".into())),
+            batch_size,
+            targets,
+        })
+    }
+}

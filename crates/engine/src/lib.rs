@@ -1,0 +1,383 @@
+//! The job runner: it carries one erasure request from REQUESTED to COMPLETE (or BLOCKED),
+//! journaling each step before it acts.
+//!
+//! - [`config`]: `lethe.toml`, raw then validated.
+//! - [`keyfile`]: the deployment key.
+//! - [`Engine`]: `inventory`, `erase`, `resume`, `verify`, holds; start at [`Engine::run`].
+//!
+//! The engine is the only place that does I/O across stores; the state machine itself is the
+//! pure [`lethe_core::state::transition`], applied inside the journal's transactions.
+
+pub mod config;
+pub mod keyfile;
+mod runner;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lethe_adapters::{AdapterError, Applicability, Target};
+use lethe_core::clock::Clock;
+use lethe_core::keys::DeploymentKey;
+use lethe_core::{Basis, BlockedReason, JobState, Scope};
+use lethe_journal::Journal;
+
+pub use config::Config;
+pub use runner::Progress;
+
+/// Engine errors. Each maps to one exit code; none carries an identifier.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// Bad input or config; nothing was touched (exit 2).
+    #[error("{0}")]
+    Input(String),
+    /// A legal hold refused the job; it stays REQUESTED (exit 4).
+    #[error("job {job_id} is held by legal hold {}: nothing was touched; it stays REQUESTED until the hold is released and the job resumed", holds.join(", "))]
+    Held {
+        /// The job.
+        job_id: String,
+        /// The holds.
+        holds: Vec<String>,
+    },
+    /// The control store failed.
+    #[error(transparent)]
+    Journal(#[from] lethe_journal::JournalError),
+    /// The key file.
+    #[error(transparent)]
+    Key(#[from] keyfile::KeyError),
+    /// Writing the certificate file failed.
+    #[error("writing the certificate: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl EngineError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            EngineError::Input(_) => 2,
+            EngineError::Held { .. } => 4,
+            _ => 1,
+        }
+    }
+}
+
+/// A validated erasure request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// What to erase.
+    pub scope: Scope,
+    /// Why.
+    pub basis: Basis,
+    /// The privacy ticket.
+    pub ticket: String,
+    /// An explicit deadline.
+    pub deadline: Option<time::Date>,
+    /// Why the deadline is extended past the basis's normal one.
+    pub extension_reason: Option<String>,
+}
+
+/// Knobs that are not part of the request.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// How long to wait for earlier permits to drain before blocking.
+    pub drain_timeout: Duration,
+    /// Test-only fault injection: pause forever at this named point after writing the marker
+    /// file, so a test can SIGKILL the process exactly there.
+    pub pause_at: Option<(String, PathBuf)>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            drain_timeout: Duration::from_secs(30),
+            pause_at: None,
+        }
+    }
+}
+
+/// Where a job ended up.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    /// The job.
+    pub job_id: String,
+    /// Its state.
+    pub state: JobState,
+    /// Why it is blocked.
+    pub blocked_reason: Option<BlockedReason>,
+    /// Which target blocked it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocked_target: Option<String>,
+    /// The signed certificate, once complete.
+    pub certificate: Option<serde_json::Value>,
+    /// Where the certificate file is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate_path: Option<PathBuf>,
+}
+
+/// One target's count for a scope.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TargetCount {
+    /// Rows (inventory) or residue (verify).
+    pub count: u64,
+    /// Why the target does not apply, if it does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exempt: Option<String>,
+}
+
+/// The engine: a journal, the targets, the key and a clock.
+pub struct Engine {
+    journal: Journal,
+    targets: Vec<Target>,
+    key: DeploymentKey,
+    clock: Arc<dyn Clock>,
+    policy_version: String,
+    certificates: PathBuf,
+    batch_size: usize,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("journal", &self.journal)
+            .field("targets", &self.targets)
+            .finish()
+    }
+}
+
+fn input(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Input(e.to_string())
+}
+
+impl Engine {
+    /// Opens the journal and the key named by the config. Touches no target.
+    pub fn open(config: Config, clock: Arc<dyn Clock>) -> Result<Self, EngineError> {
+        let journal = Journal::open_url(&config.journal, &config.base).map_err(|e| match e {
+            lethe_journal::JournalError::UnsupportedUrl(_) => input(e),
+            e => EngineError::Journal(e),
+        })?;
+        let key = keyfile::load_or_create(&config.key_file)?;
+        Ok(Self {
+            journal,
+            targets: config.targets,
+            key,
+            clock,
+            policy_version: config.policy_version,
+            certificates: config.certificates,
+            batch_size: config.batch_size,
+        })
+    }
+
+    /// The journal, for listings and the gate's library API.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// The targets.
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    /// The deployment key.
+    pub fn key(&self) -> &DeploymentKey {
+        &self.key
+    }
+
+    /// The keyed hash of a scope, as `hmac:<hex>`.
+    pub fn scope_hash(&self, scope: &Scope) -> String {
+        scope.hash(&self.key.scope_key()).to_string()
+    }
+
+    fn now_rfc3339(&self) -> String {
+        rfc3339(self.clock.now())
+    }
+
+    /// Checks every target can express the scope exactly. Touches nothing.
+    pub fn check_scope(&self, scope: &Scope) -> Result<Vec<Applicability>, EngineError> {
+        self.targets
+            .iter()
+            .map(|t| t.adapter.check_scope(scope).map_err(input))
+            .collect()
+    }
+
+    /// Probes every target; a store that is missing or of the wrong schema is an input error.
+    /// An unreachable one is not: the job will block on it and can be resumed.
+    fn probe_all(&self) -> Result<(), EngineError> {
+        for t in &self.targets {
+            match t.adapter.probe() {
+                Ok(()) | Err(AdapterError::Unavailable { .. }) => {}
+                Err(e) => return Err(input(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts what each target holds for a scope. Read-only; journals nothing.
+    pub fn inventory(&self, scope: &Scope) -> Result<Vec<(String, TargetCount)>, EngineError> {
+        let applies = self.check_scope(scope)?;
+        self.probe_all()?;
+        let mut out = Vec::new();
+        for (t, a) in self.targets.iter().zip(applies) {
+            let c = match a {
+                Applicability::Exempt(why) => TargetCount {
+                    count: 0,
+                    exempt: Some(why),
+                },
+                Applicability::Applies => TargetCount {
+                    count: t.adapter.inventory(scope).map_err(input)?.count,
+                    exempt: None,
+                },
+            };
+            out.push((t.name.clone(), c));
+        }
+        Ok(out)
+    }
+
+    /// Counts what is left for a scope in each target, hidden rows included. Read-only.
+    pub fn verify(&self, scope: &Scope) -> Result<Vec<(String, TargetCount)>, EngineError> {
+        let applies = self.check_scope(scope)?;
+        self.probe_all()?;
+        let mut out = Vec::new();
+        for (t, a) in self.targets.iter().zip(applies) {
+            let c = match a {
+                Applicability::Exempt(why) => TargetCount {
+                    count: 0,
+                    exempt: Some(why),
+                },
+                Applicability::Applies => TargetCount {
+                    count: t.adapter.verify(scope, &[]).map_err(input)?,
+                    exempt: None,
+                },
+            };
+            out.push((t.name.clone(), c));
+        }
+        Ok(out)
+    }
+
+    /// Places a legal hold on a tenant or one subject. Returns the hold id.
+    pub fn add_hold(
+        &self,
+        tenant: &lethe_core::Tenant,
+        subject: Option<&lethe_core::Subject>,
+        reason: Option<&str>,
+    ) -> Result<String, EngineError> {
+        let id = format!("hold-{}", random_hex(4)?);
+        let scope = match subject {
+            Some(s) => Scope::Subject {
+                tenant: tenant.clone(),
+                subject: s.clone(),
+            },
+            None => Scope::Tenant {
+                tenant: tenant.clone(),
+            },
+        };
+        self.journal.add_hold(
+            &self.now_rfc3339(),
+            &id,
+            tenant,
+            subject,
+            reason,
+            &self.scope_hash(&scope),
+        )?;
+        Ok(id)
+    }
+
+    /// Releases the holds on exactly this tenant (and subject).
+    pub fn release_holds(
+        &self,
+        tenant: &lethe_core::Tenant,
+        subject: Option<&lethe_core::Subject>,
+    ) -> Result<Vec<String>, EngineError> {
+        Ok(self
+            .journal
+            .release_holds(&self.now_rfc3339(), tenant, subject)?)
+    }
+
+    /// Starts (or, for a scope with an open job, continues) an erasure and runs it as far as
+    /// it goes. Bad input fails before anything is journaled or touched.
+    pub fn erase(
+        &self,
+        req: Request,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Outcome, EngineError> {
+        self.check_scope(&req.scope)?;
+        self.probe_all()?;
+        if req.ticket.trim().is_empty() || req.ticket.chars().any(char::is_control) {
+            return Err(input(
+                "--ticket must be a non-empty reference without control characters",
+            ));
+        }
+        let now = self.clock.now();
+        let deadline = req
+            .basis
+            .deadline(now.date(), req.deadline, req.extension_reason.is_some())
+            .map_err(input)?;
+        let new = lethe_journal::jobs::NewJob {
+            job_id: format!("del-{}", random_hex(6)?),
+            scope_hash: self.scope_hash(&req.scope),
+            scope: req.scope,
+            basis: req.basis,
+            ticket: req.ticket,
+            policy_version: self.policy_version.clone(),
+            deadline,
+            extension_reason: req.extension_reason,
+            requested_at: rfc3339(now),
+        };
+        let (job, created) = self.journal.create_job(&new)?;
+        tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), created, "Job requested.");
+        self.run(&job.job_id, opts, progress)
+    }
+
+    /// Resumes a job from its journaled state.
+    pub fn resume(
+        &self,
+        job_id: &str,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Outcome, EngineError> {
+        let job = self.journal.job(job_id).map_err(|e| match e {
+            lethe_journal::JournalError::NoSuchJob(_) => {
+                input(format!("no job {job_id}; `lethe jobs` lists them"))
+            }
+            e => e.into(),
+        })?;
+        self.check_scope(&job.scope)?;
+        self.probe_all()?;
+        self.run(job_id, opts, progress)
+    }
+
+    /// Where a job stands, as an [`Outcome`].
+    pub fn outcome(&self, job_id: &str) -> Result<Outcome, EngineError> {
+        let job = self.journal.job(job_id)?;
+        let path = self.certificates.join(format!("{job_id}.json"));
+        Ok(Outcome {
+            job_id: job.job_id,
+            state: job.state,
+            blocked_reason: job.blocked_reason,
+            blocked_target: job.blocked_target,
+            certificate_path: job.certificate.as_ref().map(|_| path),
+            certificate: job.certificate,
+        })
+    }
+}
+
+/// Formats a time as RFC 3339 UTC with second precision.
+pub fn rfc3339(t: time::OffsetDateTime) -> String {
+    let t = t
+        .to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .unwrap_or(t);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn short(hash: &str) -> &str {
+    hash.get(5..17).unwrap_or(hash)
+}
+
+fn random_hex(bytes: usize) -> Result<String, EngineError> {
+    let mut b = vec![0u8; bytes];
+    getrandom::getrandom(&mut b)
+        .map_err(|e| EngineError::Input(format!("no OS randomness: {e}")))?;
+    Ok(hex::encode(b))
+}

@@ -1,0 +1,502 @@
+//! The state loop: each state's work, journaled before it acts, idempotent on resume.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lethe_adapters::{AdapterError, Applicability, Target};
+use lethe_core::certificate::{self, Certificate, TargetRecord, TargetStatus};
+use lethe_core::{BlockedReason, JobState, Scope, Version};
+use lethe_journal::jobs::JobRecord;
+use lethe_journal::Entry;
+
+use crate::{input, rfc3339, short, Engine, EngineError, Outcome, RunOptions};
+
+/// What the runner reports as it goes, for progress output. No identifiers.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    /// The job entered a state.
+    State(JobState),
+    /// Waiting for permits to drain.
+    Draining {
+        /// Permits still active.
+        undrained: u64,
+    },
+    /// A target's inventory is journaled.
+    Inventoried {
+        /// Target.
+        target: String,
+        /// Rows.
+        count: u64,
+    },
+    /// A target does not apply to the scope.
+    Exempt {
+        /// Target.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// A batch was erased.
+    Erased {
+        /// Target.
+        target: String,
+        /// Locators done so far.
+        done: usize,
+        /// Locators in the inventory.
+        total: usize,
+    },
+    /// A target was verified.
+    Verified {
+        /// Target.
+        target: String,
+        /// Rows left.
+        residue: u64,
+    },
+}
+
+/// A step's result: go on, or stop with the job BLOCKED.
+enum Step {
+    Next,
+    Blocked,
+}
+
+impl Engine {
+    fn pause_point(&self, opts: &RunOptions, point: &str) {
+        if let Some((at, marker)) = &opts.pause_at {
+            if at == point {
+                let _ = std::fs::write(marker, point);
+                loop {
+                    self.clock.sleep(Duration::from_secs(3600));
+                }
+            }
+        }
+    }
+
+    fn block(
+        &self,
+        job: &str,
+        reason: BlockedReason,
+        target: Option<&str>,
+        detail: String,
+    ) -> Result<Step, EngineError> {
+        tracing::warn!(job = %job, reason = %reason, target = target.unwrap_or("-"), detail = %detail, "Job blocked.");
+        self.journal.record(
+            &self.now_rfc3339(),
+            job,
+            &Entry::Blocked {
+                reason,
+                target: target.map(str::to_owned),
+                detail,
+            },
+        )?;
+        Ok(Step::Blocked)
+    }
+
+    fn block_on(&self, job: &str, target: &str, e: AdapterError) -> Result<Step, EngineError> {
+        let reason = match &e {
+            AdapterError::AnomalousVolume { .. } => BlockedReason::AnomalousVolume,
+            e if e.is_retryable() => BlockedReason::TargetUnavailable,
+            _ => BlockedReason::TargetFailed,
+        };
+        self.block(job, reason, Some(target), e.to_string())
+    }
+
+    /// The scope adapters act on: a memory scope carries the version frozen in the tombstone.
+    fn frozen_scope(job: &JobRecord) -> Scope {
+        match (&job.scope, &job.tombstone_version) {
+            (
+                Scope::Memory {
+                    tenant,
+                    subject,
+                    memory,
+                    version: None,
+                },
+                Some(v),
+            ) => Scope::Memory {
+                tenant: tenant.clone(),
+                subject: subject.clone(),
+                memory: memory.clone(),
+                version: Version::new(v.clone()).ok(),
+            },
+            (s, _) => s.clone(),
+        }
+    }
+
+    /// For a memory scope without a version: the version current now, from the first target
+    /// that holds the memory.
+    fn resolve_version(&self, scope: &Scope) -> Result<Option<Version>, EngineError> {
+        let Scope::Memory { version, .. } = scope else {
+            return Ok(None);
+        };
+        if version.is_some() {
+            return Ok(version.clone());
+        }
+        for t in &self.targets {
+            if let Some(v) = t.adapter.current_version(scope).map_err(input)? {
+                return Ok(Some(v));
+            }
+        }
+        Err(input(
+            "no target holds this memory: give --version to tombstone a version that is gone",
+        ))
+    }
+
+    /// Runs a job from wherever its journal says it is, until COMPLETE, BLOCKED or held.
+    pub fn run(
+        &self,
+        job_id: &str,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Outcome, EngineError> {
+        loop {
+            let job = self.journal.job(job_id)?;
+            progress(Progress::State(job.state));
+            let step = match job.state {
+                JobState::Complete => return self.outcome(job_id),
+                JobState::Requested => self.step_requested(&job)?,
+                JobState::Frozen => self.step_frozen(&job, opts, progress)?,
+                JobState::Deleting => self.step_deleting(&job, opts, progress)?,
+                JobState::Verifying => self.step_verifying(&job, opts, progress)?,
+                JobState::Blocked => self.step_resume(&job, opts, progress)?,
+            };
+            if let Step::Blocked = step {
+                return self.outcome(job_id);
+            }
+        }
+    }
+
+    fn step_requested(&self, job: &JobRecord) -> Result<Step, EngineError> {
+        let holds = self
+            .journal
+            .holds_covering(job.scope.tenant(), job.scope.subject())?;
+        if !holds.is_empty() {
+            self.journal
+                .record_hold_refusal(&self.now_rfc3339(), &job.job_id, &holds)?;
+            tracing::warn!(job = %job.job_id, holds = holds.len(), "Job refused by a legal hold.");
+            return Err(EngineError::Held {
+                job_id: job.job_id.clone(),
+                holds,
+            });
+        }
+        let version = self.resolve_version(&job.scope)?;
+        let f = self
+            .journal
+            .freeze(&self.now_rfc3339(), &job.job_id, version.as_ref())?;
+        tracing::info!(
+            job = %job.job_id, scope_hash = %short(&job.scope_hash), revoked = f.revoked_leases,
+            to_drain = f.permits_to_drain, "Fence closed."
+        );
+        Ok(Step::Next)
+    }
+
+    /// Waits for the permits found active at the freeze to be released or cancelled.
+    fn drain(
+        &self,
+        job: &str,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<u64, EngineError> {
+        let deadline = self.clock.now() + opts.drain_timeout;
+        loop {
+            let n = self.journal.undrained(job)?;
+            if n == 0 || self.clock.now() >= deadline {
+                return Ok(n);
+            }
+            progress(Progress::Draining { undrained: n });
+            self.clock.sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Takes and journals the inventory of every applicable target not yet inventoried.
+    fn take_inventories(
+        &self,
+        job: &JobRecord,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        let scope = Self::frozen_scope(job);
+        for t in &self.targets {
+            if self.journal.progress(&job.job_id, &t.name)?.0.is_some() {
+                continue;
+            }
+            match t.adapter.check_scope(&scope).map_err(input)? {
+                Applicability::Exempt(reason) => {
+                    self.journal.record(
+                        &self.now_rfc3339(),
+                        &job.job_id,
+                        &Entry::TargetExempt {
+                            target: t.name.clone(),
+                            reason: reason.clone(),
+                        },
+                    )?;
+                    self.journal.put_inventory(
+                        &self.now_rfc3339(),
+                        &job.job_id,
+                        &t.name,
+                        0,
+                        &[],
+                        self.key.locator_key().as_bytes(),
+                    )?;
+                    progress(Progress::Exempt {
+                        target: t.name.clone(),
+                        reason,
+                    });
+                }
+                Applicability::Applies => match t.adapter.inventory(&scope) {
+                    Ok(inv) => {
+                        self.journal.put_inventory(
+                            &self.now_rfc3339(),
+                            &job.job_id,
+                            &t.name,
+                            inv.count,
+                            &inv.locators,
+                            self.key.locator_key().as_bytes(),
+                        )?;
+                        tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
+                        progress(Progress::Inventoried {
+                            target: t.name.clone(),
+                            count: inv.count,
+                        });
+                    }
+                    Err(e) => return self.block_on(&job.job_id, &t.name, e),
+                },
+            }
+        }
+        Ok(Step::Next)
+    }
+
+    fn step_frozen(
+        &self,
+        job: &JobRecord,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        // Inventory after the drain: once earlier permits are done, nothing can add rows.
+        let undrained = self.drain(&job.job_id, opts, progress)?;
+        if undrained > 0 {
+            return self.block(&job.job_id, BlockedReason::Undrained, None, format!("{undrained} permits issued before the freeze are neither released nor confirmed cancelled"));
+        }
+        if let Step::Blocked = self.take_inventories(job, progress)? {
+            return Ok(Step::Blocked);
+        }
+        self.pause_point(opts, "after-inventory");
+        self.journal
+            .record(&self.now_rfc3339(), &job.job_id, &Entry::Drained)?;
+        Ok(Step::Next)
+    }
+
+    fn erase_target(
+        &self,
+        job: &JobRecord,
+        t: &Target,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        let (inventoried, erased, _) = self.journal.progress(&job.job_id, &t.name)?;
+        if erased.is_some() {
+            return Ok(Step::Next);
+        }
+        let Some((count, locators)) = self.journal.inventory(&job.job_id, &t.name)? else {
+            return Err(EngineError::Journal(lethe_journal::JournalError::Corrupt(
+                format!("target {} has no inventory", t.name),
+            )));
+        };
+        debug_assert_eq!(inventoried, Some(count));
+        let scope = Self::frozen_scope(job);
+        self.journal.record(
+            &self.now_rfc3339(),
+            &job.job_id,
+            &Entry::EraseStarted {
+                target: t.name.clone(),
+            },
+        )?;
+        let mut done = 0;
+        for (i, batch) in locators.chunks(self.batch_size).enumerate() {
+            let rows = match t.adapter.erase_batch(&scope, batch) {
+                Ok(n) => n,
+                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+            };
+            self.pause_point(opts, &format!("after-batch-commit:{}", i + 1));
+            self.journal.record(
+                &self.now_rfc3339(),
+                &job.job_id,
+                &Entry::BatchErased {
+                    target: t.name.clone(),
+                    locators: batch.len() as u64,
+                    rows,
+                },
+            )?;
+            done += batch.len();
+            progress(Progress::Erased {
+                target: t.name.clone(),
+                done,
+                total: locators.len(),
+            });
+            self.pause_point(opts, &format!("after-batch-journal:{}", i + 1));
+        }
+        self.journal
+            .set_progress(&job.job_id, &t.name, Some(count), None)?;
+        tracing::info!(job = %job.job_id, target = %t.name, erased = count, "Target erased.");
+        Ok(Step::Next)
+    }
+
+    fn step_deleting(
+        &self,
+        job: &JobRecord,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        // A job resumed from a block in FROZEN may not have every inventory yet.
+        if let Step::Blocked = self.take_inventories(job, progress)? {
+            return Ok(Step::Blocked);
+        }
+        for t in &self.targets {
+            if let Step::Blocked = self.erase_target(job, t, opts, progress)? {
+                return Ok(Step::Blocked);
+            }
+        }
+        self.pause_point(opts, "before-verify");
+        self.journal
+            .record(&self.now_rfc3339(), &job.job_id, &Entry::TargetsErased)?;
+        Ok(Step::Next)
+    }
+
+    fn step_verifying(
+        &self,
+        job: &JobRecord,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        let scope = Self::frozen_scope(job);
+        let mut records = BTreeMap::new();
+        for t in &self.targets {
+            let d = t.adapter.describe();
+            let applies = t.adapter.check_scope(&scope).map_err(input)?;
+            let (count, _) = self
+                .journal
+                .inventory(&job.job_id, &t.name)?
+                .unwrap_or_default();
+            let (status, reason) = match applies {
+                Applicability::Exempt(reason) => (TargetStatus::Exempt, Some(reason)),
+                Applicability::Applies => {
+                    let frozen = self
+                        .journal
+                        .inventory(&job.job_id, &t.name)?
+                        .map(|(_, l)| l)
+                        .unwrap_or_default();
+                    let residue = match t.adapter.verify(&scope, &frozen) {
+                        Ok(n) => n,
+                        Err(e) => return self.block_on(&job.job_id, &t.name, e),
+                    };
+                    self.journal.record(
+                        &self.now_rfc3339(),
+                        &job.job_id,
+                        &Entry::TargetVerified {
+                            target: t.name.clone(),
+                            residue,
+                        },
+                    )?;
+                    self.journal
+                        .set_progress(&job.job_id, &t.name, None, Some(residue))?;
+                    progress(Progress::Verified {
+                        target: t.name.clone(),
+                        residue,
+                    });
+                    if residue > 0 {
+                        return self.block(
+                            &job.job_id,
+                            BlockedReason::Residue,
+                            Some(&t.name),
+                            format!("{residue} rows left for the scope after the erase"),
+                        );
+                    }
+                    (TargetStatus::Done, None)
+                }
+            };
+            records.insert(
+                t.name.clone(),
+                TargetRecord {
+                    status,
+                    count,
+                    class: t.class.clone(),
+                    adapter: d.kind.to_string(),
+                    adapter_version: d.version.to_string(),
+                    error_codes: self.error_codes(&job.job_id, &t.name)?,
+                    reason,
+                    expires: None,
+                },
+            );
+        }
+        self.pause_point(opts, "before-complete");
+        let cert = Certificate {
+            format: certificate::FORMAT.to_string(),
+            job_id: job.job_id.clone(),
+            scope: job.scope.kind(),
+            scope_hash: job.scope_hash.clone(),
+            subject_epoch: job.subject_epoch,
+            tenant_epoch: job.tenant_epoch,
+            basis: job.basis,
+            policy_version: job.policy_version.clone(),
+            requested_at: job.requested_at.clone(),
+            completed_at: self.now_rfc3339(),
+            deadline: time::Date::parse(
+                &job.deadline,
+                &time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .map_err(|_| lethe_journal::JournalError::Corrupt("deadline".into()))?,
+            targets: records,
+            backup_expiry: None,
+            signed_by: String::new(),
+        };
+        let signed = cert.sign(&self.key);
+        // The file first: if the process dies before the journal commits, the job is still
+        // VERIFYING and a resume rewrites the file with the final certificate.
+        std::fs::create_dir_all(&self.certificates)?;
+        let path = self.certificates.join(format!("{}.json", job.job_id));
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(&signed).unwrap_or_default() + "\n",
+        )?;
+        std::fs::rename(&tmp, &path)?;
+        self.journal
+            .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
+        tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), "Job complete; certificate issued.");
+        Ok(Step::Next)
+    }
+
+    fn error_codes(&self, job: &str, target: &str) -> Result<Vec<String>, EngineError> {
+        let mut codes: Vec<String> = self
+            .journal
+            .entries(job)?
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::Blocked {
+                    reason,
+                    target: Some(t),
+                    ..
+                } if t == target => Some(reason.as_str().to_string()),
+                _ => None,
+            })
+            .collect();
+        codes.dedup();
+        Ok(codes)
+    }
+
+    fn step_resume(
+        &self,
+        job: &JobRecord,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        // Nothing is erased while a permit from before the freeze may still write.
+        let undrained = self.drain(&job.job_id, opts, progress)?;
+        if undrained > 0 {
+            tracing::warn!(job = %job.job_id, undrained, "Still undrained; the job stays blocked.");
+            return Ok(Step::Blocked);
+        }
+        tracing::info!(job = %job.job_id, "Job resumed.");
+        self.journal
+            .record(&self.now_rfc3339(), &job.job_id, &Entry::Resumed)?;
+        // A target blocked in verification is erased again (idempotent) and re-verified.
+        Ok(Step::Next)
+    }
+}

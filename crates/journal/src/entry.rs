@@ -1,0 +1,140 @@
+//! What the journal records. One variant per fact; none holds memory content.
+
+use lethe_core::{BlockedReason, Event, Scope};
+
+/// One journal entry's body. Serialized as JSON with a `kind` tag.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    /// A request was parsed and validated into a job.
+    JobRequested {
+        /// The exact scope, identifiers included: needed to resume the job.
+        scope: Scope,
+        /// Its keyed hash.
+        scope_hash: String,
+        /// Legal basis.
+        basis: lethe_core::Basis,
+        /// The privacy ticket this job answers.
+        ticket: String,
+        /// The erasure policy version in force.
+        policy_version: String,
+        /// Deadline, `YYYY-MM-DD`.
+        deadline: String,
+        /// Why the deadline is extended, if it is.
+        extension_reason: Option<String>,
+    },
+    /// A legal hold kept the job in REQUESTED.
+    HoldRefused {
+        /// The holds that apply.
+        hold_ids: Vec<String>,
+    },
+    /// The fence closed at the gate.
+    FenceClosed {
+        /// The subject's epoch after the bump (subject scope) or as it stands (memory scope).
+        subject_epoch: Option<u64>,
+        /// The tenant's epoch after the bump (tenant scope).
+        tenant_epoch: Option<u64>,
+        /// The tombstoned version (memory scope).
+        tombstone_version: Option<String>,
+        /// Leases revoked.
+        revoked_leases: u64,
+        /// Permits that were active at the close and must drain.
+        permits_to_drain: u64,
+    },
+    /// Every earlier permit drained and every inventory is journaled.
+    Drained,
+    /// One target's frozen inventory.
+    InventoryTaken {
+        /// Target name.
+        target: String,
+        /// Rows the target holds for the scope.
+        count: u64,
+        /// Locators (threads, items) the rows hang from.
+        locators: u64,
+        /// Keyed digest of the sorted locators and their row counts.
+        digest: String,
+    },
+    /// A target was found not to apply to the scope, with the reason.
+    TargetExempt {
+        /// Target name.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// A target's erase is starting (journaled before the first delete).
+    EraseStarted {
+        /// Target name.
+        target: String,
+    },
+    /// A batch of a target's inventory was erased.
+    BatchErased {
+        /// Target name.
+        target: String,
+        /// Locators in the batch.
+        locators: u64,
+        /// Rows deleted by this batch (0 for a batch erased before a crash).
+        rows: u64,
+    },
+    /// Every target erased its frozen inventory.
+    TargetsErased,
+    /// One target's verification.
+    TargetVerified {
+        /// Target name.
+        target: String,
+        /// Rows left for the scope.
+        residue: u64,
+    },
+    /// Zero residue everywhere.
+    VerifiedClean,
+    /// The job stopped.
+    Blocked {
+        /// Why.
+        reason: BlockedReason,
+        /// The target at fault, if one.
+        target: Option<String>,
+        /// A message for the operator. Never an identifier or content.
+        detail: String,
+    },
+    /// An operator resumed the job.
+    Resumed,
+    /// The certificate was issued; the fence is open again.
+    Completed {
+        /// SHA-256 of the signed certificate's canonical JSON.
+        certificate_sha256: String,
+    },
+    /// A legal hold was placed.
+    HoldAdded {
+        /// Its id.
+        hold_id: String,
+        /// Keyed hash of the held scope.
+        scope_hash: String,
+    },
+    /// A legal hold was released.
+    HoldReleased {
+        /// Its id.
+        hold_id: String,
+    },
+}
+
+impl Entry {
+    /// The job-state event this entry records, if it is a transition.
+    pub fn event(&self) -> Option<Event> {
+        Some(match self {
+            Entry::FenceClosed { .. } => Event::FenceClosed,
+            Entry::Drained => Event::Drained,
+            Entry::TargetsErased => Event::TargetsErased,
+            Entry::VerifiedClean => Event::VerifiedClean,
+            Entry::Blocked { reason, .. } => Event::Blocked(*reason),
+            Entry::Resumed => Event::Resumed,
+            _ => return None,
+        })
+    }
+
+    /// The `kind` tag.
+    pub fn kind(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_owned))
+            .unwrap_or_default()
+    }
+}
