@@ -290,14 +290,15 @@ impl Adapter for Store {
         let mut deleted = 0u64;
         {
             // For a memory scope, only the tombstoned version goes; its vectors go with it, or
-            // when the item row is already gone.
-            let mut del_item = tx
-                .prepare_cached("DELETE FROM store WHERE prefix = ?1 AND key = ?2 AND (?3 IS NULL OR CAST(updated_at AS TEXT) = ?3)")
-                .map_err(|e| self.err(e))?;
-            let mut still_there = tx
+            // when the item row is already gone. Vectors first, then the item, each counted.
+            let mut other_version = tx
                 .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM store WHERE prefix = ?1 AND key = ?2)",
+                    "SELECT EXISTS (SELECT 1 FROM store WHERE prefix = ?1 AND key = ?2
+                       AND ?3 IS NOT NULL AND CAST(updated_at AS TEXT) IS NOT ?3)",
                 )
+                .map_err(|e| self.err(e))?;
+            let mut del_item = tx
+                .prepare_cached("DELETE FROM store WHERE prefix = ?1 AND key = ?2")
                 .map_err(|e| self.err(e))?;
             let mut del_vec = if vectors {
                 Some(
@@ -320,17 +321,21 @@ impl Adapter for Store {
                         why: "a frozen locator lies outside the scope".into(),
                     });
                 }
-                deleted += del_item
-                    .execute(params![prefix, key, version])
-                    .map_err(|e| self.err(e))? as u64;
-                let kept: bool = still_there
-                    .query_row(params![prefix, key], |r| r.get(0))
+                let rewritten: bool = other_version
+                    .query_row(params![prefix, key, version], |r| r.get(0))
                     .map_err(|e| self.err(e))?;
-                if let (Some(del_vec), false) = (del_vec.as_mut(), kept) {
+                if rewritten {
+                    // The item was written again at another version: not this tombstone's.
+                    continue;
+                }
+                if let Some(del_vec) = del_vec.as_mut() {
                     deleted += del_vec
                         .execute(params![prefix, key])
                         .map_err(|e| self.err(e))? as u64;
                 }
+                deleted += del_item
+                    .execute(params![prefix, key])
+                    .map_err(|e| self.err(e))? as u64;
             }
         }
         let expected: u64 = batch.iter().map(|(_, n)| n).sum();

@@ -1,0 +1,567 @@
+//! The conformance suite on LangGraph's SQLite schema, against files written by real LangGraph
+//! (tests/fixtures), for every subject of both fixture sets: the demo subjects and the awkward
+//! identifiers (`%`, `_`, `*`, `?`, `[`, `'`, `:`, `/`, spaces, non-ASCII, prefix neighbours).
+//!
+//! Ownership comes from the fixture manifest and from splitting namespace labels in Rust, never
+//! from the adapters' own SQL, so an adapter that matches too much or too little is caught.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use lethe_adapters::conformance::{self, Case, Row};
+use lethe_adapters::{Adapter, AdapterError, Applicability, Target};
+use lethe_core::{MemoryId, Scope, Subject, Tenant, Version};
+use rusqlite::Connection;
+
+fn fixtures(set: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(set)
+}
+
+/// A fresh copy of a fixture set in a temp dir.
+struct Copy {
+    dir: tempfile::TempDir,
+    manifest: serde_json::Value,
+}
+
+fn copy(set: &str) -> Copy {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["checkpoints.db", "store.db", "app.db"] {
+        std::fs::copy(fixtures(set).join(f), dir.path().join(f)).unwrap();
+    }
+    let manifest = serde_json::from_str(
+        &std::fs::read_to_string(fixtures(set).join("manifest.json")).unwrap(),
+    )
+    .unwrap();
+    Copy { dir, manifest }
+}
+
+fn target(dir: &Path, toml_text: &str) -> Target {
+    let table: toml::Table = toml::from_str(toml_text).unwrap();
+    lethe_adapters::build(1, table, dir).unwrap()
+}
+
+const CHECKPOINTER: &str = r#"
+name = "checkpoints"
+kind = "langgraph-sqlite-checkpointer"
+class = "primary"
+path = "checkpoints.db"
+registry = { path = "app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
+metadata = { tenant = "tenant_id", subject = "user_id" }
+"#;
+
+const STORE: &str = r#"
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "store.db"
+namespace = ["{tenant}", "{subject}"]
+"#;
+
+/// Every row of `tables` in a file, as `quote()`d column text, in primary-key order.
+fn dump(
+    path: &Path,
+    tables: &[&str],
+    owner: &dyn Fn(&str, &Connection, &str) -> (String, String),
+) -> Vec<Row> {
+    let conn = Connection::open(path).unwrap();
+    let mut out = Vec::new();
+    for t in tables {
+        let cols: Vec<String> = conn
+            .prepare(&format!("SELECT name FROM pragma_table_info('{t}')"))
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let expr = cols
+            .iter()
+            .map(|c| format!("quote(\"{c}\")"))
+            .collect::<Vec<_>>()
+            .join(" || ',' || ");
+        let mut stmt = conn
+            .prepare(&format!("SELECT rowid, {expr} FROM \"{t}\" ORDER BY rowid"))
+            .unwrap();
+        let rows: Vec<(i64, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for (rowid, text) in rows {
+            let o = owner(t, &conn, &rowid.to_string());
+            out.push(Row {
+                table: t.to_string(),
+                bytes: text.into_bytes(),
+                owner: o,
+            });
+        }
+    }
+    out.sort();
+    out
+}
+
+fn none() -> (String, String) {
+    (String::new(), String::new())
+}
+
+/// The owner of a store row: its first two namespace labels.
+fn label_owner(t: &str, conn: &Connection, rowid: &str) -> (String, String) {
+    if t != "store" && t != "store_vectors" {
+        return none();
+    }
+    let prefix: String = conn
+        .query_row(
+            &format!("SELECT prefix FROM {t} WHERE rowid = {rowid}"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let labels: Vec<&str> = prefix.split('.').collect();
+    (
+        labels[0].to_string(),
+        labels.get(1).unwrap_or(&"").to_string(),
+    )
+}
+
+struct CheckpointerCase {
+    dir: PathBuf,
+    adapter: Target,
+    thread_owner: HashMap<String, (String, String)>,
+}
+
+impl Case for CheckpointerCase {
+    fn adapter(&self) -> &dyn Adapter {
+        self.adapter.adapter.as_ref()
+    }
+    fn snapshot(&self) -> Vec<Row> {
+        let threads = &self.thread_owner;
+        let mut rows = dump(
+            &self.dir.join("checkpoints.db"),
+            &["checkpoints", "writes"],
+            &|t, c, rowid| {
+                let th: String = c
+                    .query_row(
+                        &format!("SELECT thread_id FROM {t} WHERE rowid = {rowid}"),
+                        [],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                threads.get(&th).cloned().unwrap_or_else(none)
+            },
+        );
+        rows.extend(dump(
+            &self.dir.join("app.db"),
+            &["thread_registry"],
+            &|_, c, rowid| {
+                c.query_row(
+                    &format!(
+                        "SELECT tenant_id, user_id FROM thread_registry WHERE rowid = {rowid}"
+                    ),
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .unwrap()
+            },
+        ));
+        rows.sort();
+        rows
+    }
+}
+
+struct StoreCase {
+    dir: PathBuf,
+    adapter: Target,
+}
+
+impl Case for StoreCase {
+    fn adapter(&self) -> &dyn Adapter {
+        self.adapter.adapter.as_ref()
+    }
+    fn snapshot(&self) -> Vec<Row> {
+        dump(
+            &self.dir.join("store.db"),
+            &[
+                "store",
+                "store_vectors",
+                "store_migrations",
+                "vector_migrations",
+            ],
+            &label_owner,
+        )
+    }
+}
+
+fn subjects(m: &serde_json::Value) -> Vec<(String, String)> {
+    m["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["tenant_id"].as_str().unwrap().into(),
+                s["user_id"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+fn thread_owners(m: &serde_json::Value) -> HashMap<String, (String, String)> {
+    let mut out = HashMap::new();
+    for s in m["subjects"].as_array().unwrap() {
+        let o = (
+            s["tenant_id"].as_str().unwrap().to_string(),
+            s["user_id"].as_str().unwrap().to_string(),
+        );
+        for t in s["threads"].as_array().unwrap() {
+            out.insert(t["thread_id"].as_str().unwrap().to_string(), o.clone());
+        }
+    }
+    out
+}
+
+fn subject_scope(t: &str, s: &str) -> Scope {
+    Scope::Subject {
+        tenant: Tenant::new(t).unwrap(),
+        subject: Subject::new(s).unwrap(),
+    }
+}
+
+/// Erases each subject of a fixture set in its own fresh copy, through both adapters.
+fn erase_every_subject(set: &str, batch: usize) {
+    let probe = copy(set);
+    let subs = subjects(&probe.manifest);
+    assert!(subs.len() >= 3, "fixture has several subjects");
+    for (t, s) in &subs {
+        let c = copy(set);
+        let scope = subject_scope(t, s);
+        let me = (t.clone(), s.clone());
+        let in_scope = |o: &(String, String)| *o == me;
+
+        let case = CheckpointerCase {
+            dir: c.dir.path().into(),
+            adapter: target(c.dir.path(), CHECKPOINTER),
+            thread_owner: thread_owners(&c.manifest),
+        };
+        let out = conformance::run(&case, &scope, &in_scope, batch);
+        let counts = &c.manifest["subjects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["tenant_id"] == t.as_str() && x["user_id"] == s.as_str())
+            .unwrap()["counts"];
+        let want = counts["checkpoints_rows"].as_u64().unwrap()
+            + counts["writes_rows"].as_u64().unwrap()
+            + counts["registry_rows"].as_u64().unwrap();
+        assert_eq!(
+            out.inventoried, want,
+            "checkpointer inventory matches the manifest for a subject of {set}"
+        );
+
+        let case = StoreCase {
+            dir: c.dir.path().into(),
+            adapter: target(c.dir.path(), STORE),
+        };
+        let out = conformance::run(&case, &scope, &in_scope, batch);
+        let want =
+            counts["store_rows"].as_u64().unwrap() + counts["store_vectors_rows"].as_u64().unwrap();
+        assert_eq!(
+            out.inventoried, want,
+            "store inventory matches the manifest (expired rows included) for a subject of {set}"
+        );
+    }
+}
+
+#[test]
+fn erases_each_demo_subject_exactly_and_keeps_the_others_byte_for_byte() {
+    erase_every_subject("langgraph-sqlite", 500);
+}
+
+#[test]
+fn erases_each_awkward_identifier_exactly_in_batches_of_one() {
+    // Batches of one locator also exercise the registry-last ordering across transactions.
+    erase_every_subject("langgraph-sqlite-tricky", 1);
+}
+
+#[test]
+fn finds_threads_only_in_metadata_and_only_in_the_registry() {
+    let c = copy("langgraph-sqlite");
+    let alice = c.manifest["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["user_id"] == "alice")
+        .unwrap()
+        .clone();
+    let threads = alice["threads"].as_array().unwrap();
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["in_registry"] == false && t["in_metadata"] == true),
+        "fixture has a metadata-only thread"
+    );
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["in_registry"] == true && t["in_metadata"] == false),
+        "fixture has a registry-only thread"
+    );
+    let tg = target(c.dir.path(), CHECKPOINTER);
+    let inv = tg
+        .adapter
+        .inventory(&subject_scope("acme", "alice"))
+        .unwrap();
+    for t in threads {
+        let loc = format!("0:{}", t["thread_id"].as_str().unwrap());
+        assert!(
+            inv.locators.iter().any(|(l, n)| *l == loc && *n > 0),
+            "every thread of the subject is in the inventory"
+        );
+    }
+    // Registry only: the metadata-only thread is missed. Metadata only: the registry-only one.
+    for (cfg, missing) in [
+        (CHECKPOINTER.replace("metadata = { tenant = \"tenant_id\", subject = \"user_id\" }", ""), "in_registry"),
+        (CHECKPOINTER.replace("registry = { path = \"app.db\", table = \"thread_registry\", tenant = \"tenant_id\", subject = \"user_id\", thread = \"thread_id\" }", ""), "in_metadata"),
+    ] {
+        let inv = target(c.dir.path(), &cfg).adapter.inventory(&subject_scope("acme", "alice")).unwrap();
+        let only_other = threads.iter().find(|t| t[missing] == false).unwrap();
+        let loc = format!("0:{}", only_other["thread_id"].as_str().unwrap());
+        assert!(!inv.locators.iter().any(|(l, _)| *l == loc), "a single source misses what only the other knows");
+    }
+}
+
+#[test]
+fn tenant_scope_takes_the_tenant_and_never_its_prefix_neighbour() {
+    let c = copy("langgraph-sqlite-tricky");
+    let scope = Scope::Tenant {
+        tenant: Tenant::new("a").unwrap(),
+    };
+    let in_scope = |o: &(String, String)| o.0 == "a";
+    let case = CheckpointerCase {
+        dir: c.dir.path().into(),
+        adapter: target(c.dir.path(), CHECKPOINTER),
+        thread_owner: thread_owners(&c.manifest),
+    };
+    conformance::run(&case, &scope, &in_scope, 3);
+    let case = StoreCase {
+        dir: c.dir.path().into(),
+        adapter: target(c.dir.path(), STORE),
+    };
+    conformance::run(&case, &scope, &in_scope, 3);
+    // Tenant `ab` is still whole (conformance::run checked it byte for byte); say so plainly.
+    let left = target(c.dir.path(), STORE)
+        .adapter
+        .inventory(&Scope::Tenant {
+            tenant: Tenant::new("ab").unwrap(),
+        })
+        .unwrap();
+    assert!(left.count > 0);
+}
+
+#[test]
+fn refuses_an_identifier_the_namespace_layout_cannot_express() {
+    let c = copy("langgraph-sqlite");
+    let before = std::fs::read(c.dir.path().join("store.db")).unwrap();
+    let store = target(c.dir.path(), STORE);
+    for scope in [
+        subject_scope("acme", "al.ice"),
+        subject_scope("ac.me", "alice"),
+    ] {
+        match store.adapter.check_scope(&scope) {
+            Err(AdapterError::Inexpressible { why, .. }) => {
+                assert!(why.contains("'.'"), "the message says what is wrong: {why}");
+                assert!(
+                    !why.contains("al.ice") && !why.contains("ac.me"),
+                    "and never echoes the identifier"
+                );
+            }
+            other => panic!("expected Inexpressible, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        std::fs::read(c.dir.path().join("store.db")).unwrap(),
+        before
+    );
+    // The checkpointer matches by SQL parameter, so the same scope is expressible there.
+    assert_eq!(
+        target(c.dir.path(), CHECKPOINTER)
+            .adapter
+            .check_scope(&subject_scope("acme", "al.ice"))
+            .unwrap(),
+        Applicability::Applies
+    );
+}
+
+#[test]
+fn anomaly_guard_rolls_back_a_batch_that_would_erase_more_than_its_inventory() {
+    let c = copy("langgraph-sqlite");
+    let scope = subject_scope("acme", "alice");
+    for cfg in [CHECKPOINTER, STORE] {
+        let tg = target(c.dir.path(), cfg);
+        let inv = tg.adapter.inventory(&scope).unwrap();
+        let file = if cfg == STORE {
+            "store.db"
+        } else {
+            "checkpoints.db"
+        };
+        let before = std::fs::read(c.dir.path().join(file)).unwrap();
+        // An inventory that understates one locator's rows: the delete finds more.
+        let mut understated = inv.locators.clone();
+        let i = understated.iter().position(|(_, n)| *n > 0).unwrap();
+        understated[i].1 -= 1;
+        match tg.adapter.erase_batch(&scope, &understated) {
+            Err(AdapterError::AnomalousVolume {
+                expected, found, ..
+            }) => assert!(found > expected),
+            other => panic!("expected AnomalousVolume, got {other:?}"),
+        }
+        assert_eq!(
+            tg.adapter.inventory(&scope).unwrap(),
+            inv,
+            "nothing of the batch was committed"
+        );
+        assert_eq!(std::fs::read(c.dir.path().join(file)).unwrap(), before);
+    }
+}
+
+#[test]
+fn memory_scope_erases_one_item_and_its_vectors_and_nothing_else() {
+    let c = copy("langgraph-sqlite");
+    let store = target(c.dir.path(), STORE);
+    let conn = Connection::open(c.dir.path().join("store.db")).unwrap();
+    // An alice item with vectors, in the `memories` namespace.
+    let (key, updated): (String, String) = conn
+        .query_row(
+            "SELECT s.key, s.updated_at FROM store s WHERE s.prefix = 'acme.alice.memories'
+               AND EXISTS (SELECT 1 FROM store_vectors v WHERE v.prefix = s.prefix AND v.key = s.key) LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let memory = MemoryId::new(format!("memories/{key}")).unwrap();
+    let mk = |v: Option<&str>| Scope::Memory {
+        tenant: Tenant::new("acme").unwrap(),
+        subject: Subject::new("alice").unwrap(),
+        memory: memory.clone(),
+        version: v.map(|v| Version::new(v).unwrap()),
+    };
+    assert_eq!(
+        store
+            .adapter
+            .current_version(&mk(None))
+            .unwrap()
+            .unwrap()
+            .as_str(),
+        updated
+    );
+    // Another version of the same memory is another memory version: nothing to erase.
+    assert_eq!(
+        store
+            .adapter
+            .inventory(&mk(Some("1999-01-01 00:00:00")))
+            .unwrap()
+            .count,
+        0
+    );
+    let scope = mk(Some(&updated));
+    let owner_key = key.clone();
+    let case = StoreCase {
+        dir: c.dir.path().into(),
+        adapter: target(c.dir.path(), STORE),
+    };
+    let before = case.snapshot();
+    let inv = store.adapter.inventory(&scope).unwrap();
+    assert!(inv.count >= 2, "the item and at least one vector");
+    assert_eq!(
+        store.adapter.erase_batch(&scope, &inv.locators).unwrap(),
+        inv.count
+    );
+    assert_eq!(store.adapter.verify(&scope, &inv.locators).unwrap(), 0);
+    let after = case.snapshot();
+    assert_eq!(
+        before.len() - after.len(),
+        inv.count as usize,
+        "exactly the item's rows went"
+    );
+    let still = |k: &str| {
+        conn.query_row(
+            "SELECT count(*) FROM store WHERE prefix = 'acme.alice.memories' AND key = ?1",
+            [k],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(still(&owner_key), 0);
+    let others: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM store WHERE prefix LIKE 'acme.alice%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(others > 0, "alice's other memories stay");
+}
+
+#[test]
+fn orphaned_vectors_left_by_langgraph_delete_are_residue_and_get_erased() {
+    let c = copy("langgraph-sqlite");
+    // What SqliteStore.delete does: the item goes, its vectors stay (foreign keys are off on
+    // LangGraph's connections; the bundled SQLite here defaults them on, so turn them off).
+    let conn = Connection::open(c.dir.path().join("store.db")).unwrap();
+    conn.pragma_update(None, "foreign_keys", "OFF").unwrap();
+    let orphaned = conn
+        .execute("DELETE FROM store WHERE prefix = 'acme.alice.memories'", [])
+        .unwrap();
+    assert!(orphaned > 0);
+    let vectors: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM store_vectors WHERE prefix = 'acme.alice.memories'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(vectors > 0, "fixture items have vectors");
+    let store = target(c.dir.path(), STORE);
+    let scope = subject_scope("acme", "alice");
+    assert!(
+        store.adapter.verify(&scope, &[]).unwrap() >= vectors as u64,
+        "verify counts orphaned vectors"
+    );
+    let case = StoreCase {
+        dir: c.dir.path().into(),
+        adapter: target(c.dir.path(), STORE),
+    };
+    conformance::run(
+        &case,
+        &scope,
+        &|o| *o == ("acme".to_string(), "alice".to_string()),
+        500,
+    );
+}
+
+#[test]
+fn identifiers_of_256_bytes_match_exactly() {
+    let c = copy("langgraph-sqlite");
+    let long = "é".repeat(128); // 256 bytes of UTF-8
+    let shorter = "é".repeat(127);
+    let conn = Connection::open(c.dir.path().join("store.db")).unwrap();
+    for (s, k) in [(&long, "k1"), (&shorter, "k2")] {
+        conn.execute(
+            "INSERT INTO store (prefix, key, value) VALUES (?1, ?2, '{}')",
+            [format!("acme.{s}.memories"), k.to_string()],
+        )
+        .unwrap();
+    }
+    let scope = subject_scope("acme", &long);
+    let case = StoreCase {
+        dir: c.dir.path().into(),
+        adapter: target(c.dir.path(), STORE),
+    };
+    let out = conformance::run(
+        &case,
+        &scope,
+        &|o| *o == ("acme".to_string(), long.clone()),
+        500,
+    );
+    assert_eq!(out.inventoried, 1);
+}
