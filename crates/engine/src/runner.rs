@@ -314,7 +314,7 @@ impl Engine {
                 Ok(n) => n,
                 Err(e) => return self.block_on(&job.job_id, &t.name, e),
             };
-            self.pause_point(opts, &format!("after-batch-commit:{}", i + 1));
+            self.pause_point(opts, &format!("after-batch-commit:{}:{}", t.name, i + 1));
             self.journal.record(
                 &self.now_rfc3339(),
                 &job.job_id,
@@ -330,7 +330,7 @@ impl Engine {
                 done,
                 total: locators.len(),
             });
-            self.pause_point(opts, &format!("after-batch-journal:{}", i + 1));
+            self.pause_point(opts, &format!("after-batch-journal:{}:{}", t.name, i + 1));
         }
         self.journal
             .set_progress(&job.job_id, &t.name, Some(count), None)?;

@@ -1,0 +1,673 @@
+//! The `lethe` binary end to end on copies of the real-LangGraph fixtures: the CLI contract,
+//! exit codes, bad input touching nothing, legal holds, crashes at chosen points, the drain rule,
+//! certificates, and no identifier in any log line or certificate.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const CONFIG: &str = r#"
+[control]
+journal = "sqlite:lethe-journal.db"
+key_file = "lethe.key"
+policy_version = "test-1"
+certificates = "certificates"
+batch_size = BATCH
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-sqlite-checkpointer"
+class = "primary"
+path = "memory/checkpoints.db"
+registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
+metadata = { tenant = "tenant_id", subject = "user_id" }
+
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "memory/store.db"
+namespace = ["{tenant}", "{subject}"]
+"#;
+
+const MEMORY_FILES: [&str; 3] = ["checkpoints.db", "store.db", "app.db"];
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new(batch: usize) -> Self {
+        Self::with_config(&CONFIG.replace("BATCH", &batch.to_string()))
+    }
+
+    fn with_config(config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let fx =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
+        std::fs::create_dir(dir.path().join("memory")).unwrap();
+        for f in MEMORY_FILES {
+            std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
+        }
+        std::fs::write(dir.path().join("lethe.toml"), config).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
+        c.arg("--config")
+            .arg(self.path().join("lethe.toml"))
+            .args(args)
+            .env_remove("LETHE_LOG");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> (i32, Value) {
+        let out = self.run(args);
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!(
+                "not JSON: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code().unwrap(), v)
+    }
+
+    /// Every memory file's bytes.
+    fn memory_bytes(&self) -> BTreeMap<&'static str, Vec<u8>> {
+        MEMORY_FILES
+            .iter()
+            .map(|f| {
+                (
+                    *f,
+                    std::fs::read(self.path().join("memory").join(f)).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    fn inventory(&self, tenant: &str, subject: &str) -> Value {
+        let (code, v) = self.json(&[
+            "inventory",
+            "--tenant",
+            tenant,
+            "--subject",
+            subject,
+            "--json",
+        ]);
+        assert_eq!(code, 0);
+        v["targets"].clone()
+    }
+
+    /// Every row of bob and carol, byte for byte (rows are read with `quote()`), found through
+    /// the fixture manifest, not through Lethe.
+    fn others_rows(&self) -> Vec<String> {
+        let manifest: Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../tests/fixtures/langgraph-sqlite/manifest.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let cp = rusqlite::Connection::open(self.path().join("memory/checkpoints.db")).unwrap();
+        let st = rusqlite::Connection::open(self.path().join("memory/store.db")).unwrap();
+        let app = rusqlite::Connection::open(self.path().join("memory/app.db")).unwrap();
+        for s in manifest["subjects"].as_array().unwrap() {
+            let (t, u) = (
+                s["tenant_id"].as_str().unwrap(),
+                s["user_id"].as_str().unwrap(),
+            );
+            if u == "alice" {
+                continue;
+            }
+            for th in s["threads"].as_array().unwrap() {
+                let th = th["thread_id"].as_str().unwrap();
+                for (table, cols) in [("checkpoints", "quote(checkpoint_ns)||quote(checkpoint_id)||quote(parent_checkpoint_id)||quote(type)||quote(checkpoint)||quote(metadata)"), ("writes", "quote(checkpoint_ns)||quote(checkpoint_id)||quote(task_id)||quote(idx)||quote(channel)||quote(type)||quote(value)")] {
+                    let mut stmt = cp.prepare(&format!("SELECT {cols} FROM {table} WHERE thread_id = ?1 ORDER BY rowid")).unwrap();
+                    out.extend(stmt.query_map([th], |r| r.get::<_, String>(0)).unwrap().map(|r| format!("{table}:{th}:{}", r.unwrap())));
+                }
+            }
+            let mut stmt = app.prepare("SELECT quote(thread_id) FROM thread_registry WHERE tenant_id = ?1 AND user_id = ?2 ORDER BY rowid").unwrap();
+            out.extend(
+                stmt.query_map([t, u], |r| r.get::<_, String>(0))
+                    .unwrap()
+                    .map(|r| r.unwrap()),
+            );
+            let p = format!("{t}.{u}");
+            for (table, cols) in [("store", "quote(prefix)||quote(key)||quote(value)||quote(created_at)||quote(updated_at)||quote(expires_at)||quote(ttl_minutes)"), ("store_vectors", "quote(prefix)||quote(key)||quote(field_name)||quote(embedding)")] {
+                let mut stmt = st.prepare(&format!("SELECT {cols} FROM {table} WHERE prefix = ?1 OR substr(prefix, 1, length(?1) + 1) = ?1 || '.' ORDER BY rowid")).unwrap();
+                out.extend(stmt.query_map([&p], |r| r.get::<_, String>(0)).unwrap().map(|r| r.unwrap()));
+            }
+        }
+        assert!(out.len() > 100, "the oracle sees the other subjects' rows");
+        out
+    }
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const ERASE_ALICE: [&str; 10] = [
+    "erase",
+    "--tenant",
+    "acme",
+    "--subject",
+    "alice",
+    "--basis",
+    "gdpr-art17",
+    "--ticket",
+    "DSR-1",
+    "--json",
+];
+
+#[test]
+fn erase_completes_with_a_certificate_that_counts_the_inventory_and_keeps_others_whole() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    assert_eq!(out["blocked_reason"], Value::Null);
+    let cert = &out["certificate"];
+    for t in ["checkpoints", "memories"] {
+        assert_eq!(cert["targets"][t]["status"], "DONE");
+        assert_eq!(
+            cert["targets"][t]["count"], inv[t]["count"],
+            "certificate count = inventory"
+        );
+    }
+    assert_eq!(cert["scope"], "SUBJECT");
+    assert_eq!(cert["subject_epoch"], 1);
+    assert!(cert["scope_hash"].as_str().unwrap().starts_with("hmac:"));
+    let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+    assert_eq!((c, &v["clean"]), (0, &Value::Bool(true)));
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept every row, byte for byte"
+    );
+    assert_eq!(code(&env.run(&["journal", "verify"])), 0);
+    // Erasing again starts a new job that finds nothing and completes with zero counts.
+    let (c, again) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0);
+    assert_ne!(again["job_id"], out["job_id"]);
+    assert_eq!(again["certificate"]["targets"]["memories"]["count"], 0);
+    assert_eq!(again["certificate"]["subject_epoch"], 2);
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert_eq!(jobs.as_array().unwrap().len(), 2);
+    for k in ["job_id", "state", "scope_hash", "requested_at"] {
+        assert!(jobs[0].get(k).is_some(), "jobs --json has {k}");
+    }
+}
+
+#[test]
+fn verify_reports_residue_with_exit_1() {
+    let env = Env::new(500);
+    let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+    assert_eq!(c, 1);
+    assert_eq!(v["clean"], false);
+    assert!(v["targets"]["checkpoints"]["residue"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
+    let env = Env::new(500);
+    let before = env.memory_bytes();
+    let long = "x".repeat(257);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--tenant", "", "--subject", "alice"],
+            "tenant is empty",
+        ),
+        (
+            vec!["--tenant", "acme", "--subject", &long],
+            "limit is 256 bytes",
+        ),
+        (
+            vec!["--tenant", "acme", "--subject", "al\nice"],
+            "control character",
+        ),
+        (
+            vec!["--tenant", "acme", "--subject", "al\u{7f}ice"],
+            "control character",
+        ),
+        (
+            vec!["--tenant", "acme", "--subject", "al.ice"],
+            "cannot express this scope",
+        ),
+    ];
+    for (scope, msg) in &cases {
+        let mut args = vec!["erase"];
+        args.extend(scope);
+        args.extend(["--basis", "gdpr-art17", "--ticket", "T"]);
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(msg), "{msg} in: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("al.ice") && !stderr(&out).contains("al\nice"),
+            "never echoes the identifier"
+        );
+    }
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--basis",
+        "gdpr",
+        "--ticket",
+        "T",
+    ]);
+    assert_eq!(code(&out), 2, "unknown basis");
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+        "--deadline",
+        "2099-01-01",
+    ]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("past"), "{}", stderr(&out));
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+}
+
+#[test]
+fn bad_config_exits_2_and_says_what_to_fix() {
+    let base = CONFIG.replace("BATCH", "500");
+    let cases = [
+        (
+            base.replace("policy_version", "policy_versoin"),
+            "policy_versoin",
+        ),
+        (
+            base.replace("namespace = [", "namespaces = ["),
+            "namespaces",
+        ),
+        (
+            base.replace(
+                "kind = \"langgraph-sqlite-store\"",
+                "kind = \"langgraph-sqlite-stor\"",
+            ),
+            "known kinds: langgraph-sqlite-checkpointer, langgraph-sqlite-store",
+        ),
+        (
+            base.replace("memory/store.db", "memory/nope.db"),
+            "no SQLite file",
+        ),
+        (
+            base.replace(
+                "class = \"primary\"\npath = \"memory/store.db\"",
+                "class = \"primry\"\npath = \"memory/store.db\"",
+            ),
+            "unknown class",
+        ),
+        (
+            base.replace("table = \"thread_registry\"", "table = \"registry\""),
+            "registry table `registry` not found",
+        ),
+        (
+            base.replace("[\"{tenant}\", \"{subject}\"]", "[\"{subject}\"]"),
+            "namespace must hold",
+        ),
+    ];
+    for (cfg, msg) in cases {
+        let env = Env::with_config(&cfg);
+        let before = env.memory_bytes();
+        let out = env.run(&ERASE_ALICE);
+        assert_eq!(code(&out), 2, "{msg}: {}", stderr(&out));
+        assert!(stderr(&out).contains(msg), "{msg} in: {}", stderr(&out));
+        assert_eq!(env.memory_bytes(), before);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .args(["--config", "/nonexistent/lethe.toml", "targets"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("cannot read config"));
+}
+
+#[test]
+fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
+    let env = Env::new(500);
+    assert_eq!(
+        code(&env.run(&[
+            "hold",
+            "add",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--reason",
+            "matter 12"
+        ])),
+        0
+    );
+    let before = env.memory_bytes();
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 4);
+    assert_eq!(out["state"], "REQUESTED");
+    assert_eq!(env.memory_bytes(), before, "a held scope is not touched");
+    let job = out["job_id"].as_str().unwrap().to_string();
+    // A hold on the tenant holds a tenant-scope erase too; bob is not held.
+    let (c, _) = env.json(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--basis",
+        "tenant-offboarding",
+        "--ticket",
+        "T",
+        "--json",
+    ]);
+    assert_eq!(c, 4);
+    assert_eq!(
+        code(&env.run(&["hold", "release", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+}
+
+/// Starts an erase that pauses at `point`, SIGKILLs it there, and returns the job id.
+fn kill_at(env: &Env, point: &str) -> String {
+    let marker = env.path().join("paused");
+    let _ = std::fs::remove_file(&marker);
+    let mut child = env
+        .cmd(&ERASE_ALICE)
+        .env("LETHE_TEST_PAUSE_AT", point)
+        .env("LETHE_TEST_PAUSE_FILE", &marker)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the process to reach the point (it writes the marker, then blocks forever).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marker.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before reaching {point}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reached {point}"
+        );
+        std::thread::yield_now();
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    jobs[0]["job_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_run_killed_at_any_point_resumes_to_the_same_certificate_counts() {
+    for (i, point) in [
+        "after-inventory",
+        "after-batch-commit:checkpoints:1",
+        "after-batch-journal:checkpoints:2",
+        // The last checkpointer locator is a registry row: killed after its delete committed.
+        "after-batch-commit:checkpoints:7",
+        "after-batch-commit:memories:3",
+        "before-verify",
+        "before-complete",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let env = Env::new(1);
+        let others = env.others_rows();
+        let inv = env.inventory("acme", "alice");
+        let job = kill_at(&env, point);
+        // Resume by id, or by asking for the same erase again (it continues the open job).
+        let (c, out) = if i % 2 == 0 {
+            env.json(&["resume", &job, "--json"])
+        } else {
+            env.json(&ERASE_ALICE)
+        };
+        assert_eq!(c, 0, "{point}: {out}");
+        assert_eq!(
+            out["job_id"],
+            job.as_str(),
+            "{point}: the same job finished"
+        );
+        for t in ["checkpoints", "memories"] {
+            assert_eq!(
+                out["certificate"]["targets"][t]["count"], inv[t]["count"],
+                "{point}: counts = inventory"
+            );
+        }
+        let (c, _) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+        assert_eq!(c, 0, "{point}: clean");
+        assert_eq!(env.others_rows(), others, "{point}: others untouched");
+        let out = env.run(&["journal", "verify"]);
+        assert_eq!(
+            code(&out),
+            0,
+            "{point}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+#[test]
+fn permits_that_do_not_drain_block_the_job_until_released() {
+    let env = Env::new(500);
+    // An agent run holds a permit on alice's memory (library API, same control database).
+    assert_eq!(code(&env.run(&["jobs"])), 0); // creates the journal
+    let journal = lethe_journal::Journal::open(&env.path().join("lethe-journal.db")).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let lease = journal
+        .take_lease(
+            now,
+            &lethe_core::Tenant::new("acme").unwrap(),
+            &lethe_core::Subject::new("alice").unwrap(),
+            &[],
+            std::time::Duration::from_secs(1),
+        )
+        .unwrap();
+    let permit = journal
+        .take_permit(now, lease.id, lethe_journal::gate::Sink::State)
+        .unwrap();
+    let before = env.memory_bytes();
+    let mut args = ERASE_ALICE.to_vec();
+    args.extend(["--drain-timeout", "0"]);
+    let (c, out) = env.json(&args);
+    assert_eq!(c, 3, "{out}");
+    assert_eq!(
+        (out["state"].as_str(), out["blocked_reason"].as_str()),
+        (Some("BLOCKED"), Some("undrained"))
+    );
+    assert_eq!(
+        env.memory_bytes(),
+        before,
+        "nothing erased while a permit may still write"
+    );
+    // The lease's 1 s TTL has long passed by now: TTL is not draining. Resume still blocks.
+    let job = out["job_id"].as_str().unwrap().to_string();
+    let (c, out) = env.json(&["resume", &job, "--drain-timeout", "0", "--json"]);
+    assert_eq!((c, out["blocked_reason"].as_str()), (3, Some("undrained")));
+    journal.release_permit(permit.id).unwrap();
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!((c, out["state"].as_str()), (0, Some("COMPLETE")));
+}
+
+#[test]
+fn certificates_verify_offline_and_bind_the_scope() {
+    let env = Env::new(500);
+    let (_, out) = env.json(&ERASE_ALICE);
+    let job = out["job_id"].as_str().unwrap();
+    let file: PathBuf = env.path().join("certificates").join(format!("{job}.json"));
+    let ok = env.run(&[
+        "certificate",
+        "verify",
+        file.to_str().unwrap(),
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+    ]);
+    assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    let wrong = env.run(&[
+        "certificate",
+        "verify",
+        file.to_str().unwrap(),
+        "--tenant",
+        "acme",
+        "--subject",
+        "bob",
+    ]);
+    assert_eq!(code(&wrong), 1);
+    // With only the public key: signature checks, no scope check.
+    let pk = out["certificate"]["signed_by"].as_str().unwrap();
+    let ok = Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .args([
+            "--config",
+            "/nonexistent",
+            "certificate",
+            "verify",
+            file.to_str().unwrap(),
+            "--public-key",
+            pk,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    doc["targets"]["memories"]["count"] = 1.into();
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let bad = env.run(&["certificate", "verify", file.to_str().unwrap()]);
+    assert_eq!(code(&bad), 1);
+    assert!(stderr(&bad).contains("altered"), "{}", stderr(&bad));
+    let md = env.run(&["certificate", "show", job, "--format", "md"]);
+    assert!(String::from_utf8_lossy(&md.stdout).contains("| memories | DONE |"));
+}
+
+#[test]
+fn no_identifier_reaches_a_log_line_or_the_certificate() {
+    let env = Env::new(2);
+    let mut cmd = env.cmd(&ERASE_ALICE);
+    cmd.env("LETHE_LOG", "debug");
+    let out = cmd.output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let logs = stderr(&out);
+    assert!(
+        logs.contains("Job complete"),
+        "debug logs were produced: {logs}"
+    );
+    let cert = std::fs::read_dir(env.path().join("certificates"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let cert = std::fs::read_to_string(cert).unwrap();
+    let thread = "4636fb4b-6b2e-51a0-9492-0bb4e0f83f7d"; // one of alice's thread ids
+    for (what, text) in [
+        ("logs", &logs),
+        ("stdout", &String::from_utf8_lossy(&out.stdout).into_owned()),
+        ("certificate", &cert),
+    ] {
+        for id in ["alice", "acme", thread] {
+            assert!(!text.contains(id), "{id} leaked into {what}");
+        }
+    }
+    // Errors too: a scope refused by a target does not echo it.
+    let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice.x"]);
+    assert!(!stderr(&out).contains("alice"));
+}
+
+#[test]
+fn journal_verify_catches_an_edited_entry() {
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&ERASE_ALICE)), 0);
+    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    c.execute(
+        "UPDATE journal SET body = replace(body, 'DSR-1', 'DSR-2') WHERE kind = 'job_requested'",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let out = env.run(&["journal", "verify"]);
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("was edited"));
+}
+
+#[test]
+fn memory_scope_erases_one_item_and_tombstones_its_version() {
+    let env = Env::new(500);
+    let conn = rusqlite::Connection::open(env.path().join("memory/store.db")).unwrap();
+    let key: String = conn
+        .query_row(
+            "SELECT key FROM store WHERE prefix = 'acme.alice.memories' ORDER BY key LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let before = env.inventory("acme", "alice")["memories"]["count"]
+        .as_u64()
+        .unwrap();
+    let memory = format!("memories/{key}");
+    let (c, out) = env.json(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--memory",
+        &memory,
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+        "--json",
+    ]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["certificate"]["scope"], "MEMORY");
+    assert_eq!(
+        out["certificate"]["targets"]["checkpoints"]["status"],
+        "EXEMPT"
+    );
+    let erased = out["certificate"]["targets"]["memories"]["count"]
+        .as_u64()
+        .unwrap();
+    assert!(erased >= 1);
+    assert_eq!(
+        env.inventory("acme", "alice")["memories"]["count"]
+            .as_u64()
+            .unwrap(),
+        before - erased
+    );
+    assert_eq!(
+        out["certificate"]["subject_epoch"], 0,
+        "a memory scope does not bump the epoch"
+    );
+}
