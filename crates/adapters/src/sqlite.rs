@@ -26,6 +26,14 @@ pub(crate) fn open(target: &str, path: &Path) -> Result<Connection, AdapterError
     // The application may be writing: wait for its locks rather than fail at once.
     conn.busy_timeout(Duration::from_secs(30))
         .map_err(|e| db(target, e))?;
+    // Foreign keys off, as LangGraph's own connections have them. The bundled SQLite defaults
+    // them on, and a cascade deletes rows that `changes()` does not count, which would blind
+    // the anomaly guard: every row Lethe deletes, it deletes by an explicit statement and counts.
+    conn.pragma_update(None, "foreign_keys", "OFF")
+        .map_err(|e| db(target, e))?;
+    // Erased rows are overwritten with zeros in the file, not left readable in free pages.
+    conn.pragma_update(None, "secure_delete", "ON")
+        .map_err(|e| db(target, e))?;
     Ok(conn)
 }
 

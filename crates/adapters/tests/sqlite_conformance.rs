@@ -565,3 +565,30 @@ fn identifiers_of_256_bytes_match_exactly() {
     );
     assert_eq!(out.inventoried, 1);
 }
+
+#[test]
+fn an_application_table_cascading_from_store_is_not_deleted_behind_the_count() {
+    // With foreign keys on (the bundled SQLite's default), deleting a store item would cascade
+    // into this table uncounted. Lethe's connections keep them off, as LangGraph's do.
+    let c = copy("langgraph-sqlite");
+    let conn = Connection::open(c.dir.path().join("store.db")).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE app_notes (prefix TEXT, key TEXT, note TEXT,
+           FOREIGN KEY (prefix, key) REFERENCES store (prefix, key) ON DELETE CASCADE);
+         INSERT INTO app_notes SELECT prefix, key, 'n' FROM store;",
+    )
+    .unwrap();
+    let notes = |conn: &Connection| {
+        conn.query_row("SELECT count(*) FROM app_notes", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    let n = notes(&conn);
+    let store = target(c.dir.path(), STORE);
+    let scope = subject_scope("acme", "alice");
+    let inv = store.adapter.inventory(&scope).unwrap();
+    assert_eq!(
+        store.adapter.erase_batch(&scope, &inv.locators).unwrap(),
+        inv.count
+    );
+    assert_eq!(notes(&conn), n, "no uncounted cascade");
+}

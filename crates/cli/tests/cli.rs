@@ -671,3 +671,86 @@ fn memory_scope_erases_one_item_and_tombstones_its_version() {
         "a memory scope does not bump the epoch"
     );
 }
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+#[test]
+fn erased_content_is_not_left_readable_in_the_database_files() {
+    let env = Env::new(500);
+    let before = env.memory_bytes();
+    // The fixtures hold alice's text in checkpoint blobs and store values.
+    assert!(contains(&before["checkpoints.db"], "alice@acme"));
+    assert!(contains(&before["store.db"], "alice of acme"));
+    let (c, _) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0);
+    let after = env.memory_bytes();
+    assert!(
+        !contains(&after["checkpoints.db"], "alice@acme"),
+        "secure_delete overwrote the checkpoint blobs"
+    );
+    assert!(
+        !contains(&after["store.db"], "alice of acme"),
+        "secure_delete overwrote the store values"
+    );
+    assert!(
+        contains(&after["store.db"], "bob of acme"),
+        "and only alice's"
+    );
+}
+
+#[test]
+fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
+    let env = Env::new(500);
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--memory",
+        "memories/no-such-key",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("give --version"), "{}", stderr(&out));
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_hold_placed_on_a_blocked_job_stops_its_resume() {
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&["jobs"])), 0);
+    let journal = lethe_journal::Journal::open(&env.path().join("lethe-journal.db")).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let lease = journal
+        .take_lease(
+            now,
+            &lethe_core::Tenant::new("acme").unwrap(),
+            &lethe_core::Subject::new("alice").unwrap(),
+            &[],
+            std::time::Duration::from_secs(60),
+        )
+        .unwrap();
+    let permit = journal
+        .take_permit(now, lease.id, lethe_journal::gate::Sink::Tool)
+        .unwrap();
+    let mut args = ERASE_ALICE.to_vec();
+    args.extend(["--drain-timeout", "0"]);
+    let (c, out) = env.json(&args);
+    assert_eq!(c, 3);
+    let job = out["job_id"].as_str().unwrap().to_string();
+    journal.release_permit(permit.id).unwrap();
+    assert_eq!(code(&env.run(&["hold", "add", "--tenant", "acme"])), 0);
+    let before = env.memory_bytes();
+    let out = env.run(&["resume", &job]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    assert_eq!(env.memory_bytes(), before);
+    assert_eq!(code(&env.run(&["hold", "release", "--tenant", "acme"])), 0);
+    assert_eq!(code(&env.run(&["resume", &job])), 0);
+}

@@ -307,6 +307,9 @@ impl Engine {
                 "--ticket must be a non-empty reference without control characters",
             ));
         }
+        // A memory scope must name a version some target holds (or an explicit one) before a
+        // job exists: a request that cannot be frozen creates nothing.
+        self.resolve_version(&req.scope)?;
         let now = self.clock.now();
         let deadline = req
             .basis

@@ -123,7 +123,7 @@ impl Engine {
 
     /// For a memory scope without a version: the version current now, from the first target
     /// that holds the memory.
-    fn resolve_version(&self, scope: &Scope) -> Result<Option<Version>, EngineError> {
+    pub(crate) fn resolve_version(&self, scope: &Scope) -> Result<Option<Version>, EngineError> {
         let Scope::Memory { version, .. } = scope else {
             return Ok(None);
         };
@@ -164,7 +164,8 @@ impl Engine {
         }
     }
 
-    fn step_requested(&self, job: &JobRecord) -> Result<Step, EngineError> {
+    /// Refuses (exit 4) while a legal hold covers the job's scope; journals the refusal.
+    fn refuse_if_held(&self, job: &JobRecord) -> Result<(), EngineError> {
         let holds = self
             .journal
             .holds_covering(job.scope.tenant(), job.scope.subject())?;
@@ -177,6 +178,11 @@ impl Engine {
                 holds,
             });
         }
+        Ok(())
+    }
+
+    fn step_requested(&self, job: &JobRecord) -> Result<Step, EngineError> {
+        self.refuse_if_held(job)?;
         let version = self.resolve_version(&job.scope)?;
         let f = self
             .journal
@@ -487,6 +493,9 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
+        // A hold placed while the job was blocked stops it here: preservation wins over
+        // erasure until the hold is released.
+        self.refuse_if_held(job)?;
         // Nothing is erased while a permit from before the freeze may still write.
         let undrained = self.drain(&job.job_id, opts, progress)?;
         if undrained > 0 {
@@ -496,7 +505,9 @@ impl Engine {
         tracing::info!(job = %job.job_id, "Job resumed.");
         self.journal
             .record(&self.now_rfc3339(), &job.job_id, &Entry::Resumed)?;
-        // A target blocked in verification is erased again (idempotent) and re-verified.
+        // Targets already erased are not erased again, only re-verified. A job blocked on
+        // `residue` (rows written after the freeze, outside the frozen inventory) therefore
+        // stays blocked: re-inventorying such rows is an operator decision not built yet.
         Ok(Step::Next)
     }
 }

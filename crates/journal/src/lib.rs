@@ -112,6 +112,9 @@ impl Journal {
             .map_err(err)?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(err)?;
+        // Inventory locators are dropped at completion: overwrite them, do not just unlink.
+        conn.pragma_update(None, "secure_delete", "ON")
+            .map_err(err)?;
         schema::migrate(&conn).map_err(err)?;
         Ok(Self {
             conn: Mutex::new(conn),
