@@ -592,3 +592,29 @@ fn an_application_table_cascading_from_store_is_not_deleted_behind_the_count() {
     );
     assert_eq!(notes(&conn), n, "no uncounted cascade");
 }
+
+#[test]
+fn a_thread_whose_checkpoints_name_two_owners_is_refused_not_erased() {
+    let c = copy("langgraph-sqlite");
+    let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
+    // One of alice's threads gets a checkpoint that says it is bob's.
+    let n = conn
+        .execute(
+            "UPDATE checkpoints SET metadata = CAST(replace(CAST(metadata AS TEXT), '\"alice\"', '\"bob\"') AS BLOB)
+              WHERE rowid = (SELECT min(rowid) FROM checkpoints
+                              WHERE json_extract(CAST(metadata AS TEXT), '$.user_id') = 'alice')",
+            [],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    let before = std::fs::read(c.dir.path().join("checkpoints.db")).unwrap();
+    let tg = target(c.dir.path(), CHECKPOINTER);
+    match tg.adapter.inventory(&subject_scope("acme", "alice")) {
+        Err(AdapterError::Failed { why, .. }) => assert!(why.contains("another owner"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(c.dir.path().join("checkpoints.db")).unwrap(),
+        before
+    );
+}

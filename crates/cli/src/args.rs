@@ -81,7 +81,8 @@ pub enum Command {
         /// Work that does not drain leaves the job BLOCKED (undrained), never COMPLETE.
         #[arg(long, default_value_t = 30)]
         drain_timeout: u64,
-        /// Print JSON: {"job_id", "state", "blocked_reason", "certificate"}.
+        /// Print JSON: {"job_id", "continued", "state", "blocked_reason", "blocked_target",
+        /// "certificate"}.
         #[arg(long)]
         json: bool,
     },
@@ -112,6 +113,11 @@ pub enum Command {
         /// Seconds to wait for undrained permits.
         #[arg(long, default_value_t = 30)]
         drain_timeout: u64,
+        /// For a job BLOCKED by residue: add the rows now in scope (written after the freeze,
+        /// around the gate) to the inventory and erase them too. Find out how they got there
+        /// first: a writer that bypasses the gate will write them again.
+        #[arg(long)]
+        reinventory: bool,
         /// Print JSON, as `erase --json`.
         #[arg(long)]
         json: bool,

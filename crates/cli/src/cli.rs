@@ -151,12 +151,19 @@ pub(crate) fn print_outcome(o: &Outcome, json: bool) {
     if json {
         print_json(&json!({
             "job_id": o.job_id,
+            "continued": o.continued,
             "state": o.state,
             "blocked_reason": o.blocked_reason,
             "blocked_target": o.blocked_target,
             "certificate": o.certificate,
         }));
         return;
+    }
+    if o.continued {
+        println!(
+            "A job for this scope was already open: continued {} (its basis, ticket and deadline stand).",
+            o.job_id
+        );
     }
     match o.state {
         JobState::Complete => {
@@ -271,6 +278,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
                 pause_at: pause_from_env(),
+                reinventory: false,
             };
             let req = Request {
                 scope,
@@ -296,12 +304,14 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         Command::Resume {
             job_id,
             drain_timeout,
+            reinventory,
             json,
         } => {
             let engine = open_engine(&config)?;
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
                 pause_at: pause_from_env(),
+                reinventory,
             };
             let o = engine.resume(&job_id, &opts, &mut progress_printer(progress_to(json)))?;
             print_outcome(&o, json);

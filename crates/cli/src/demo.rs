@@ -108,6 +108,7 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
     let opts = RunOptions {
         drain_timeout: Duration::from_secs(5),
         pause_at: None,
+        reinventory: false,
     };
     let outcome = engine.erase(req, &opts, &mut progress_printer(ProgressTo::Stdout))?;
     let after = count_all()?;

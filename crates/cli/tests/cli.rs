@@ -754,3 +754,104 @@ fn a_hold_placed_on_a_blocked_job_stops_its_resume() {
     assert_eq!(code(&env.run(&["hold", "release", "--tenant", "acme"])), 0);
     assert_eq!(code(&env.run(&["resume", &job])), 0);
 }
+
+#[test]
+fn residue_blocks_until_the_operator_reinventories_then_completes() {
+    let env = Env::new(500);
+    let inv = env.inventory("acme", "alice");
+    let job = kill_at(&env, "before-verify");
+    // A writer around the gate adds an item for alice after her inventory was erased.
+    let conn = rusqlite::Connection::open(env.path().join("memory/store.db")).unwrap();
+    conn.execute(
+        "INSERT INTO store (prefix, key, value) VALUES ('acme.alice.memories', 'late', '{}')",
+        [],
+    )
+    .unwrap();
+    drop(conn);
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(
+        (
+            c,
+            out["blocked_reason"].as_str(),
+            out["blocked_target"].as_str()
+        ),
+        (3, Some("residue"), Some("memories"))
+    );
+    let (c, _) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 3, "a plain resume re-verifies and stays blocked");
+    let (c, out) = env.json(&["resume", &job, "--reinventory", "--json"]);
+    assert_eq!(c, 0, "{out}");
+    let want = inv["memories"]["count"].as_u64().unwrap() + 1;
+    assert_eq!(
+        out["certificate"]["targets"]["memories"]["count"], want,
+        "the late row is counted"
+    );
+    assert_eq!(
+        out["certificate"]["targets"]["memories"]["error_codes"],
+        serde_json::json!(["residue"])
+    );
+    assert_eq!(code(&env.run(&["journal", "verify"])), 0);
+}
+
+#[test]
+fn asking_again_for_an_open_scope_continues_its_job_and_says_so() {
+    let env = Env::new(1);
+    let job = kill_at(&env, "after-batch-journal:checkpoints:2");
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0);
+    assert_eq!(
+        (out["job_id"].as_str(), out["continued"].as_bool()),
+        (Some(job.as_str()), Some(true))
+    );
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert_eq!(jobs.as_array().unwrap().len(), 1, "one job, not two");
+}
+
+#[test]
+fn the_certificate_file_is_the_one_the_journal_holds_and_locators_are_dropped() {
+    let env = Env::new(500);
+    let (_, out) = env.json(&ERASE_ALICE);
+    let job = out["job_id"].as_str().unwrap();
+    let file: Value = serde_json::from_str(
+        &std::fs::read_to_string(env.path().join("certificates").join(format!("{job}.json")))
+            .unwrap(),
+    )
+    .unwrap();
+    let shown = env.run(&["certificate", "show", job]);
+    let shown: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(file, shown);
+    assert_eq!(file, out["certificate"]);
+    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    let left: i64 = c
+        .query_row(
+            "SELECT count(*) FROM inventory WHERE job_id = ?1",
+            [job],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(left, 0, "completion drops the inventory locators");
+    let digests: i64 = c.query_row("SELECT count(*) FROM journal WHERE job_id = ?1 AND kind = 'inventory_taken' AND body LIKE '%\"digest\":\"hmac:%'", [job], |r| r.get(0)).unwrap();
+    assert_eq!(digests, 2, "the chain keeps a keyed digest per target");
+}
+
+#[test]
+fn registry_names_that_need_quoting_work() {
+    let cfg = CONFIG
+        .replace("BATCH", "500")
+        .replace("table = \"thread_registry\", tenant = \"tenant_id\", subject = \"user_id\", thread = \"thread_id\"", "table = 'app \"threads\"', tenant = 'the tenant', subject = 'user\"id', thread = 'thread id'");
+    let env = Env::with_config(&cfg);
+    let conn = rusqlite::Connection::open(env.path().join("memory/app.db")).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE \"app \"\"threads\"\"\" (\"the tenant\" TEXT, \"user\"\"id\" TEXT, \"thread id\" TEXT PRIMARY KEY);
+         INSERT INTO \"app \"\"threads\"\"\" SELECT tenant_id, user_id, thread_id FROM thread_registry;",
+    )
+    .unwrap();
+    drop(conn);
+    let inv = env.inventory("acme", "alice");
+    assert_eq!(
+        inv["checkpoints"]["count"], 53,
+        "same rows as with the plain registry"
+    );
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+}

@@ -45,6 +45,9 @@ pub enum EngineError {
     /// The key file.
     #[error(transparent)]
     Key(#[from] keyfile::KeyError),
+    /// A target could not be read (unreachable, locked, failing): worth retrying (exit 1).
+    #[error("{0}; retry when the store is reachable")]
+    Target(lethe_adapters::AdapterError),
     /// Writing the certificate file failed.
     #[error("writing the certificate: {0}")]
     Io(#[from] std::io::Error),
@@ -84,6 +87,9 @@ pub struct RunOptions {
     /// Test-only fault injection: pause forever at this named point after writing the marker
     /// file, so a test can SIGKILL the process exactly there.
     pub pause_at: Option<(String, PathBuf)>,
+    /// On resume of a job blocked by `residue`: add the rows now in scope to the inventory of
+    /// each target that found residue, and erase them too. An operator's decision, journaled.
+    pub reinventory: bool,
 }
 
 impl Default for RunOptions {
@@ -91,6 +97,7 @@ impl Default for RunOptions {
         Self {
             drain_timeout: Duration::from_secs(30),
             pause_at: None,
+            reinventory: false,
         }
     }
 }
@@ -112,6 +119,9 @@ pub struct Outcome {
     /// Where the certificate file is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub certificate_path: Option<PathBuf>,
+    /// Whether `erase` continued a job already open for the scope (whose basis, ticket and
+    /// deadline stand) instead of starting one.
+    pub continued: bool,
 }
 
 /// One target's count for a scope.
@@ -141,6 +151,16 @@ impl std::fmt::Debug for Engine {
             .field("journal", &self.journal)
             .field("targets", &self.targets)
             .finish()
+    }
+}
+
+/// An adapter error outside a job: a scope or schema problem is bad input (exit 2); an
+/// unreachable store is not.
+fn target_error(e: AdapterError) -> EngineError {
+    if e.is_retryable() {
+        EngineError::Target(e)
+    } else {
+        input(e)
     }
 }
 
@@ -223,7 +243,7 @@ impl Engine {
                     exempt: Some(why),
                 },
                 Applicability::Applies => TargetCount {
-                    count: t.adapter.inventory(scope).map_err(input)?.count,
+                    count: t.adapter.inventory(scope).map_err(target_error)?.count,
                     exempt: None,
                 },
             };
@@ -244,7 +264,7 @@ impl Engine {
                     exempt: Some(why),
                 },
                 Applicability::Applies => TargetCount {
-                    count: t.adapter.verify(scope, &[]).map_err(input)?,
+                    count: t.adapter.verify(scope, &[]).map_err(target_error)?,
                     exempt: None,
                 },
             };
@@ -328,7 +348,9 @@ impl Engine {
         };
         let (job, created) = self.journal.create_job(&new)?;
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), created, "Job requested.");
-        self.run(&job.job_id, opts, progress)
+        let mut out = self.run(&job.job_id, opts, progress)?;
+        out.continued = !created;
+        Ok(out)
     }
 
     /// Resumes a job from its journaled state.
@@ -360,6 +382,7 @@ impl Engine {
             blocked_target: job.blocked_target,
             certificate_path: job.certificate.as_ref().map(|_| path),
             certificate: job.certificate,
+            continued: false,
         })
     }
 }

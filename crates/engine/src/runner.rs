@@ -164,6 +164,30 @@ impl Engine {
         }
     }
 
+    /// Adds what each target with residue holds for the scope now to its inventory.
+    fn reinventory(&self, job: &JobRecord) -> Result<Step, EngineError> {
+        let scope = Self::frozen_scope(job);
+        for t in &self.targets {
+            let (_, _, residue) = self.journal.progress(&job.job_id, &t.name)?;
+            if residue.unwrap_or(0) == 0 {
+                continue;
+            }
+            let inv = match t.adapter.inventory(&scope) {
+                Ok(inv) => inv,
+                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+            };
+            let added = self.journal.extend_inventory(
+                &self.now_rfc3339(),
+                &job.job_id,
+                &t.name,
+                &inv.locators,
+                self.key.locator_key().as_bytes(),
+            )?;
+            tracing::warn!(job = %job.job_id, target = %t.name, added, "Inventory extended by the operator after a residue block.");
+        }
+        Ok(Step::Next)
+    }
+
     /// Refuses (exit 4) while a legal hold covers the job's scope; journals the refusal.
     fn refuse_if_held(&self, job: &JobRecord) -> Result<(), EngineError> {
         let holds = self
@@ -502,12 +526,17 @@ impl Engine {
             tracing::warn!(job = %job.job_id, undrained, "Still undrained; the job stays blocked.");
             return Ok(Step::Blocked);
         }
+        if opts.reinventory && job.blocked_reason == Some(BlockedReason::Residue) {
+            if let Step::Blocked = self.reinventory(job)? {
+                return Ok(Step::Blocked);
+            }
+        }
         tracing::info!(job = %job.job_id, "Job resumed.");
         self.journal
             .record(&self.now_rfc3339(), &job.job_id, &Entry::Resumed)?;
-        // Targets already erased are not erased again, only re-verified. A job blocked on
-        // `residue` (rows written after the freeze, outside the frozen inventory) therefore
-        // stays blocked: re-inventorying such rows is an operator decision not built yet.
+        // Targets already erased are not erased again, only re-verified: a job blocked on
+        // `residue` (rows written after the freeze, outside the frozen inventory) stays blocked
+        // unless the operator chose `--reinventory` above.
         Ok(Step::Next)
     }
 }

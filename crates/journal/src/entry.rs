@@ -54,6 +54,18 @@ pub enum Entry {
         /// Keyed digest of the sorted locators and their row counts.
         digest: String,
     },
+    /// An operator added the rows found in scope after a `residue` block to a target's
+    /// inventory (`lethe resume --reinventory`).
+    InventoryExtended {
+        /// Target name.
+        target: String,
+        /// Rows added.
+        count: u64,
+        /// Locators in the addition.
+        locators: u64,
+        /// Keyed digest of the added locators and their row counts.
+        digest: String,
+    },
     /// A target was found not to apply to the scope, with the reason.
     TargetExempt {
         /// Target name.

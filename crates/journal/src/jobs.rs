@@ -1,5 +1,6 @@
 //! Jobs: created once per open scope, moved only by journaled events.
 
+use hmac::{Hmac, Mac};
 use lethe_core::state::{transition, JobState};
 use lethe_core::{BlockedReason, Scope};
 use rusqlite::{params, OptionalExtension, Row, Transaction};
@@ -158,14 +159,13 @@ pub type Locator = (String, u64);
 pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
     let mut sorted: Vec<_> = locators.iter().collect();
     sorted.sort();
-    let mut h = Sha256::new();
-    h.update(key);
+    let mut h = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
     for (loc, rows) in sorted {
-        h.update((loc.len() as u64).to_be_bytes());
+        h.update(&(loc.len() as u64).to_be_bytes());
         h.update(loc.as_bytes());
-        h.update(rows.to_be_bytes());
+        h.update(&rows.to_be_bytes());
     }
-    format!("sha256k:{}", hex::encode(h.finalize()))
+    format!("hmac:{}", hex::encode(h.finalize().into_bytes()))
 }
 
 impl Journal {
@@ -294,6 +294,45 @@ impl Journal {
             };
             apply(tx, at, job_id, &entry)?;
             Ok(())
+        })
+    }
+
+    /// Adds rows found in scope after a `residue` block to a target's inventory, and marks the
+    /// target to be erased and verified again. A locator already frozen gets the new rows added
+    /// to its allowance. One transaction, journaled as `InventoryExtended`.
+    pub fn extend_inventory(
+        &self,
+        at: &str,
+        job_id: &str,
+        target: &str,
+        locators: &[Locator],
+        digest_key: &[u8; 32],
+    ) -> Result<u64> {
+        self.write(|tx| {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (job_id, target, locator) DO UPDATE SET rows = rows + excluded.rows",
+                )
+                .map_err(sql)?;
+            for (loc, rows) in locators {
+                ins.execute(params![job_id, target, loc, *rows as i64]).map_err(sql)?;
+            }
+            let count: u64 = locators.iter().map(|(_, n)| n).sum();
+            tx.execute(
+                "UPDATE target_progress SET inventoried = inventoried + ?3, erased = NULL, residue = NULL
+                 WHERE job_id = ?1 AND target = ?2",
+                params![job_id, target, count as i64],
+            )
+            .map_err(sql)?;
+            let entry = Entry::InventoryExtended {
+                target: target.to_string(),
+                count,
+                locators: locators.len() as u64,
+                digest: inventory_digest(digest_key, locators),
+            };
+            apply(tx, at, job_id, &entry)?;
+            Ok(count)
         })
     }
 
