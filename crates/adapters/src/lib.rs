@@ -9,8 +9,12 @@
 //! and never sees more than one target at a time. The engine drives it.
 
 pub mod conformance;
+pub mod langgraph_postgres_checkpointer;
+pub mod langgraph_postgres_store;
 pub mod langgraph_sqlite_checkpointer;
 pub mod langgraph_sqlite_store;
+mod namespace;
+mod postgres;
 pub mod registry;
 mod sqlite;
 

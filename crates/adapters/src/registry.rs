@@ -6,7 +6,10 @@
 use std::fmt;
 use std::path::Path;
 
-use crate::{langgraph_sqlite_checkpointer, langgraph_sqlite_store, Adapter};
+use crate::{
+    langgraph_postgres_checkpointer, langgraph_postgres_store, langgraph_sqlite_checkpointer,
+    langgraph_sqlite_store, Adapter,
+};
 
 /// Every adapter kind Lethe has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,13 +18,19 @@ pub enum Kind {
     LanggraphSqliteCheckpointer,
     /// LangGraph `SqliteStore` tables: `store`, `store_vectors`.
     LanggraphSqliteStore,
+    /// LangGraph `PostgresSaver` tables: `checkpoints`, `checkpoint_blobs`, `checkpoint_writes`.
+    LanggraphPostgresCheckpointer,
+    /// LangGraph `PostgresStore` tables: `store`, `store_vectors`.
+    LanggraphPostgresStore,
 }
 
 impl Kind {
     /// Every kind, for help and error messages.
-    pub const ALL: [Kind; 2] = [
+    pub const ALL: [Kind; 4] = [
         Kind::LanggraphSqliteCheckpointer,
         Kind::LanggraphSqliteStore,
+        Kind::LanggraphPostgresCheckpointer,
+        Kind::LanggraphPostgresStore,
     ];
 
     /// The kind string config uses.
@@ -29,6 +38,8 @@ impl Kind {
         match self {
             Kind::LanggraphSqliteCheckpointer => "langgraph-sqlite-checkpointer",
             Kind::LanggraphSqliteStore => "langgraph-sqlite-store",
+            Kind::LanggraphPostgresCheckpointer => "langgraph-postgres-checkpointer",
+            Kind::LanggraphPostgresStore => "langgraph-postgres-store",
         }
     }
 
@@ -171,6 +182,16 @@ pub fn build(
         ),
         Kind::LanggraphSqliteStore => Box::new(
             langgraph_sqlite_store::Config::parse(table, base)
+                .map_err(invalid)?
+                .build(&name),
+        ),
+        Kind::LanggraphPostgresCheckpointer => Box::new(
+            langgraph_postgres_checkpointer::Config::parse(table, base)
+                .map_err(invalid)?
+                .build(&name),
+        ),
+        Kind::LanggraphPostgresStore => Box::new(
+            langgraph_postgres_store::Config::parse(table, base)
                 .map_err(invalid)?
                 .build(&name),
         ),

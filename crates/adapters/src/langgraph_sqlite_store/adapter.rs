@@ -1,4 +1,4 @@
-//! The store adapter itself.
+//! The SQLite store adapter itself.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -6,16 +6,9 @@ use std::path::PathBuf;
 use lethe_core::{Scope, Version};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::namespace::{checked_items, locator, parse_locator, selection, Label, Selection};
 use crate::sqlite::{db, has_table, open};
-use crate::{Adapter, AdapterError, Applicability, Description, Inventory};
-
-/// One label of a namespace template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Label {
-    Tenant,
-    Subject,
-    Literal(String),
-}
+use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// A `langgraph-sqlite-store` target.
 #[derive(Debug)]
@@ -25,22 +18,14 @@ pub struct Store {
     template: Vec<Label>,
 }
 
-/// The rows a scope names, as SQL parameters.
-enum Selection {
-    /// Every item whose prefix is `ns` or starts with `ns.`.
-    Namespace { ns: String },
-    /// One item, at one version (`None`: whatever version is current).
-    Item {
-        ns: String,
-        key: String,
-        version: Option<String>,
-    },
-}
-
 /// Rows in scope: `prefix = ?1 OR prefix in ['?1.', '?1/')`. `.` is 0x2E and `/` is 0x2F, so
 /// the half-open range holds exactly the strings that start with `ns.` (byte order: SQLite's
-/// default BINARY collation compares UTF-8 with memcmp).
+/// default BINARY collation compares UTF-8 with memcmp). Not `LIKE`: in SQLite it is
+/// case-insensitive for ASCII and would need every `%` and `_` escaped.
 const IN_NAMESPACE: &str = "(prefix = ?1 OR (prefix >= ?1 || '.' AND prefix < ?1 || '/'))";
+
+/// The version of an item: its `updated_at` as stored.
+const VERSION: &str = "SELECT CAST(updated_at AS TEXT) FROM store WHERE prefix = ?1 AND key = ?2";
 
 impl Store {
     pub(crate) fn new(name: &str, path: PathBuf, template: Vec<Label>) -> Self {
@@ -55,60 +40,8 @@ impl Store {
         db(&self.name, e)
     }
 
-    fn inexpressible(&self, why: &str) -> AdapterError {
-        AdapterError::Inexpressible {
-            target: self.name.clone(),
-            why: why.to_string(),
-        }
-    }
-
-    fn label(&self, id: &str, what: &str) -> Result<String, AdapterError> {
-        if id.contains('.') {
-            return Err(self.inexpressible(&format!(
-                "the {what} contains '.', which LangGraph uses to join namespace labels, so it cannot be one label"
-            )));
-        }
-        Ok(id.to_string())
-    }
-
     fn selection(&self, scope: &Scope) -> Result<Selection, AdapterError> {
-        let (tenant, subject) = (scope.tenant().as_str(), scope.subject().map(|s| s.as_str()));
-        let mut labels = Vec::new();
-        for l in &self.template {
-            match l {
-                Label::Tenant => labels.push(self.label(tenant, "tenant")?),
-                Label::Subject => match subject {
-                    Some(s) => labels.push(self.label(s, "subject")?),
-                    // A tenant scope is the template up to the subject's label.
-                    None => break,
-                },
-                Label::Literal(s) => labels.push(s.clone()),
-            }
-        }
-        let mut ns = labels.join(".");
-        Ok(match scope {
-            Scope::Memory {
-                memory, version, ..
-            } => {
-                let mut parts: Vec<&str> = memory.as_str().split('/').collect();
-                let key = parts.pop().unwrap_or_default().to_string();
-                if key.is_empty() || parts.iter().any(|p| p.is_empty()) {
-                    return Err(self.inexpressible(
-                        "the memory id must be `label/.../key` with no empty part",
-                    ));
-                }
-                for p in parts {
-                    ns.push('.');
-                    ns.push_str(&self.label(p, "memory id's namespace label")?);
-                }
-                Selection::Item {
-                    ns,
-                    key,
-                    version: version.as_ref().map(|v| v.as_str().to_string()),
-                }
-            }
-            _ => Selection::Namespace { ns },
-        })
+        selection(&self.name, &self.template, scope)
     }
 
     fn has_vectors(&self, conn: &Connection) -> Result<bool, AdapterError> {
@@ -123,6 +56,7 @@ impl Store {
     ) -> Result<BTreeMap<(String, String), u64>, AdapterError> {
         let mut out = BTreeMap::new();
         let vectors = self.has_vectors(conn)?;
+        let e = |e| self.err(e);
         match sel {
             Selection::Namespace { ns } => {
                 // No `expires_at` condition: rows past their TTL are still on disk.
@@ -130,51 +64,36 @@ impl Store {
                     .prepare_cached(&format!(
                         "SELECT prefix, key FROM store WHERE {IN_NAMESPACE}"
                     ))
-                    .map_err(|e| self.err(e))?;
-                let mut rows = stmt.query([ns]).map_err(|e| self.err(e))?;
-                while let Some(r) = rows.next().map_err(|e| self.err(e))? {
-                    *out.entry((
-                        r.get(0).map_err(|e| self.err(e))?,
-                        r.get(1).map_err(|e| self.err(e))?,
-                    ))
-                    .or_insert(0) += 1;
+                    .map_err(e)?;
+                let mut rows = stmt.query([ns]).map_err(e)?;
+                while let Some(r) = rows.next().map_err(e)? {
+                    *out.entry((r.get(0).map_err(e)?, r.get(1).map_err(e)?))
+                        .or_insert(0) += 1;
                 }
                 if vectors {
-                    // Vectors are counted on their own: an item deleted by LangGraph leaves its
-                    // vectors behind, and those are residue too.
+                    // Counted on their own: an item deleted by LangGraph leaves its vectors
+                    // behind, and those are residue too.
                     let mut stmt = conn
-                        .prepare_cached(&format!(
-                            "SELECT prefix, key, count(*) FROM store_vectors WHERE {IN_NAMESPACE} GROUP BY prefix, key"
-                        ))
-                        .map_err(|e| self.err(e))?;
-                    let mut rows = stmt.query([ns]).map_err(|e| self.err(e))?;
-                    while let Some(r) = rows.next().map_err(|e| self.err(e))? {
-                        let k = (
-                            r.get(0).map_err(|e| self.err(e))?,
-                            r.get(1).map_err(|e| self.err(e))?,
-                        );
-                        *out.entry(k).or_insert(0) +=
-                            r.get::<_, i64>(2).map_err(|e| self.err(e))? as u64;
+                        .prepare_cached(&format!("SELECT prefix, key, count(*) FROM store_vectors WHERE {IN_NAMESPACE} GROUP BY prefix, key"))
+                        .map_err(e)?;
+                    let mut rows = stmt.query([ns]).map_err(e)?;
+                    while let Some(r) = rows.next().map_err(e)? {
+                        let k = (r.get(0).map_err(e)?, r.get(1).map_err(e)?);
+                        *out.entry(k).or_insert(0) += r.get::<_, i64>(2).map_err(e)? as u64;
                     }
                 }
             }
             Selection::Item { ns, key, version } => {
                 let current: Option<String> = conn
-                    .query_row(
-                        "SELECT CAST(updated_at AS TEXT) FROM store WHERE prefix = ?1 AND key = ?2",
-                        params![ns, key],
-                        |r| r.get(0),
-                    )
+                    .query_row(VERSION, params![ns, key], |r| r.get(0))
                     .optional()
-                    .map_err(|e| self.err(e))?;
+                    .map_err(e)?;
                 // The item at another version is another memory version: not in scope, nor are
                 // its vectors.
-                let at_version = match (&current, version) {
-                    (Some(cur), Some(v)) => cur == v,
-                    _ => true,
-                };
-                if !at_version {
-                    return Ok(out);
+                if let (Some(cur), Some(v)) = (&current, version) {
+                    if cur != v {
+                        return Ok(out);
+                    }
                 }
                 let mut n = u64::from(current.is_some());
                 if vectors {
@@ -184,7 +103,7 @@ impl Store {
                             params![ns, key],
                             |r| r.get::<_, i64>(0),
                         )
-                        .map_err(|e| self.err(e))? as u64;
+                        .map_err(e)? as u64;
                 }
                 if n > 0 {
                     out.insert((ns.clone(), key.clone()), n);
@@ -193,21 +112,6 @@ impl Store {
         }
         Ok(out)
     }
-
-    fn in_selection(sel: &Selection, prefix: &str, key: &str) -> bool {
-        match sel {
-            Selection::Namespace { ns } => {
-                prefix == ns
-                    || (prefix.starts_with(ns.as_str())
-                        && prefix.as_bytes().get(ns.len()) == Some(&b'.'))
-            }
-            Selection::Item { ns, key: k, .. } => prefix == ns && key == k,
-        }
-    }
-}
-
-fn locator(prefix: &str, key: &str) -> String {
-    serde_json::to_string(&[prefix, key]).expect("strings serialize")
 }
 
 impl Adapter for Store {
@@ -249,11 +153,7 @@ impl Adapter for Store {
         };
         let conn = open(&self.name, &self.path)?;
         let v: Option<String> = conn
-            .query_row(
-                "SELECT CAST(updated_at AS TEXT) FROM store WHERE prefix = ?1 AND key = ?2",
-                params![ns, key],
-                |r| r.get(0),
-            )
+            .query_row(VERSION, params![ns, key], |r| r.get(0))
             .optional()
             .map_err(|e| self.err(e))?;
         v.map(|v| {
@@ -276,17 +176,16 @@ impl Adapter for Store {
         ))
     }
 
-    fn erase_batch(&self, scope: &Scope, batch: &[(String, u64)]) -> Result<u64, AdapterError> {
+    fn erase_batch(&self, scope: &Scope, batch: &[Locator]) -> Result<u64, AdapterError> {
         let sel = self.selection(scope)?;
-        let version = match &sel {
-            Selection::Item { version, .. } => version.clone(),
-            Selection::Namespace { .. } => None,
-        };
+        let items = checked_items(&self.name, &sel, batch)?;
+        let version = sel.version();
         let mut conn = open(&self.name, &self.path)?;
         let vectors = self.has_vectors(&conn)?;
+        let e = |e| self.err(e);
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| self.err(e))?;
+            .map_err(e)?;
         let mut deleted = 0u64;
         {
             // For a memory scope, only the tombstoned version goes; its vectors go with it, or
@@ -296,79 +195,61 @@ impl Adapter for Store {
                     "SELECT EXISTS (SELECT 1 FROM store WHERE prefix = ?1 AND key = ?2
                        AND ?3 IS NOT NULL AND CAST(updated_at AS TEXT) IS NOT ?3)",
                 )
-                .map_err(|e| self.err(e))?;
+                .map_err(e)?;
             let mut del_item = tx
                 .prepare_cached("DELETE FROM store WHERE prefix = ?1 AND key = ?2")
-                .map_err(|e| self.err(e))?;
+                .map_err(e)?;
             let mut del_vec = if vectors {
                 Some(
                     tx.prepare_cached("DELETE FROM store_vectors WHERE prefix = ?1 AND key = ?2")
-                        .map_err(|e| self.err(e))?,
+                        .map_err(e)?,
                 )
             } else {
                 None
             };
-            for (loc, _) in batch {
-                let (prefix, key): (String, String) =
-                    serde_json::from_str(loc).map_err(|_| AdapterError::Failed {
-                        target: self.name.clone(),
-                        why: "unreadable locator in the frozen inventory".into(),
-                    })?;
-                // Belt and braces: a locator outside the scope is never deleted.
-                if !Self::in_selection(&sel, &prefix, &key) {
-                    return Err(AdapterError::Failed {
-                        target: self.name.clone(),
-                        why: "a frozen locator lies outside the scope".into(),
-                    });
-                }
+            for (prefix, key) in &items {
                 let rewritten: bool = other_version
                     .query_row(params![prefix, key, version], |r| r.get(0))
-                    .map_err(|e| self.err(e))?;
+                    .map_err(e)?;
                 if rewritten {
-                    // The item was written again at another version: not this tombstone's.
+                    // Written again at another version: not this tombstone's.
                     continue;
                 }
                 if let Some(del_vec) = del_vec.as_mut() {
-                    deleted += del_vec
-                        .execute(params![prefix, key])
-                        .map_err(|e| self.err(e))? as u64;
+                    deleted += del_vec.execute(params![prefix, key]).map_err(e)? as u64;
                 }
-                deleted += del_item
-                    .execute(params![prefix, key])
-                    .map_err(|e| self.err(e))? as u64;
+                deleted += del_item.execute(params![prefix, key]).map_err(e)? as u64;
             }
         }
         let expected: u64 = batch.iter().map(|(_, n)| n).sum();
         if deleted > expected {
+            // Dropping the transaction rolls it back.
             return Err(AdapterError::AnomalousVolume {
                 target: self.name.clone(),
                 expected,
                 found: deleted,
             });
         }
-        tx.commit().map_err(|e| self.err(e))?;
+        tx.commit().map_err(e)?;
         Ok(deleted)
     }
 
-    fn verify(&self, scope: &Scope, frozen: &[(String, u64)]) -> Result<u64, AdapterError> {
+    fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {
         let sel = self.selection(scope)?;
         let conn = open(&self.name, &self.path)?;
         let mut rows = self.rows(&conn, &sel)?;
-        // Anything still under a frozen locator counts too (all of it lies inside the scope, so
-        // `rows` already holds it; this guards against a scope computed differently later).
+        // Anything still under a frozen locator counts too.
         for (loc, _) in frozen {
-            if let Ok((p, k)) = serde_json::from_str::<(String, String)>(loc) {
-                if !rows.contains_key(&(p.clone(), k.clone())) {
-                    let sub = self.rows(
-                        &conn,
-                        &Selection::Item {
-                            ns: p.clone(),
-                            key: k.clone(),
-                            version: None,
-                        },
-                    )?;
-                    rows.extend(sub);
-                }
+            let (p, k) = parse_locator(&self.name, loc)?;
+            if !rows.contains_key(&(p.clone(), k.clone())) {
+                rows.extend(self.rows(
+                    &conn,
+                    &Selection::Item {
+                        ns: p,
+                        key: k,
+                        version: None,
+                    },
+                )?);
             }
         }
         Ok(rows.values().sum())

@@ -1,0 +1,237 @@
+//! What the PostgreSQL adapters share: connection settings from config, one cached connection
+//! per target, error classification, identifier quoting and LIKE escaping.
+//!
+//! TLS is not built yet: `sslmode=disable` and `prefer` connect in plain text; `require`,
+//! `verify-ca` and `verify-full` are refused at config time, never silently downgraded.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use postgres::{Client, NoTls};
+
+use crate::registry::resolve;
+use crate::AdapterError;
+
+/// Validated connection settings.
+#[derive(Clone)]
+pub(crate) struct ConnConfig {
+    config: postgres::Config,
+    /// The URL without its password, for messages.
+    shown: String,
+    statement_timeout: Duration,
+}
+
+impl std::fmt::Debug for ConnConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+/// Parses a URL and its options. Errors say what to fix and never echo a password.
+pub(crate) fn conn_config(
+    url: &str,
+    password_file: Option<&Path>,
+    timeout_ms: Option<u64>,
+    base: &Path,
+    what: &str,
+) -> Result<ConnConfig, String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(format!(
+            "{what}url must start with postgres:// or postgresql://"
+        ));
+    }
+    let mut config: postgres::Config = url
+        .parse()
+        .map_err(|e| format!("{what}url does not parse: {e}"))?;
+    for (k, v) in url
+        .split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+    {
+        if k == "sslmode" && !matches!(v, "disable" | "prefer") {
+            return Err(format!(
+                "{what}url asks sslmode={v}; TLS is not built into Lethe yet, so only sslmode=disable or prefer (plain text) can be honoured"
+            ));
+        }
+    }
+    if let Some(p) = password_file {
+        if config.get_password().is_some() {
+            return Err(format!(
+                "{what}url has a password and password_file is set: keep one"
+            ));
+        }
+        let p = resolve(base, p);
+        let text = std::fs::read_to_string(&p)
+            .map_err(|e| format!("{what}password_file {}: {e}", p.display()))?;
+        config.password(text.lines().next().unwrap_or("").as_bytes());
+    }
+    config.application_name("lethe");
+    config.connect_timeout(Duration::from_secs(10));
+    let shown = match url.split_once('@') {
+        Some((cred, rest)) if cred.contains(':') && cred.matches(':').count() > 1 => {
+            format!(
+                "{}:***@{rest}",
+                cred.rsplit_once(':').map(|(u, _)| u).unwrap_or(cred)
+            )
+        }
+        _ => url.to_string(),
+    };
+    let ms = timeout_ms.unwrap_or(30_000);
+    if ms == 0 || ms > 3_600_000 {
+        return Err(format!(
+            "{what}statement_timeout_ms must be between 1 and 3600000"
+        ));
+    }
+    Ok(ConnConfig {
+        config,
+        shown,
+        statement_timeout: Duration::from_millis(ms),
+    })
+}
+
+/// One lazily opened connection, reopened after an error.
+pub(crate) struct Conn {
+    target: String,
+    config: ConnConfig,
+    client: Mutex<Option<Client>>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("target", &self.target)
+            .field("url", &self.config)
+            .finish()
+    }
+}
+
+impl Conn {
+    pub(crate) fn new(target: &str, config: ConnConfig) -> Self {
+        Self {
+            target: target.to_string(),
+            config,
+            client: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` with a live connection. A connection-level error drops the connection so the
+    /// next call reconnects.
+    pub(crate) fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, AdapterError> {
+        let mut guard: MutexGuard<'_, Option<Client>> =
+            self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            let mut client = self.config.config.connect(NoTls).map_err(|e| self.err(e))?;
+            client
+                .batch_execute(&format!(
+                    "SET statement_timeout = {}",
+                    self.config.statement_timeout.as_millis()
+                ))
+                .map_err(|e| self.err(e))?;
+            *guard = Some(client);
+        }
+        let client = guard.as_mut().expect("connected above");
+        let out = f(client);
+        if let Err(e) = &out {
+            if e.is_closed() || e.as_db_error().is_none() {
+                *guard = None;
+            }
+        }
+        out.map_err(|e| self.err(e))
+    }
+
+    /// Classifies a driver error: connection failures, timeouts, lock and serialization
+    /// conflicts are worth retrying; the rest is not.
+    pub(crate) fn err(&self, e: postgres::Error) -> AdapterError {
+        let retryable = match e.code() {
+            None => true, // connection refused, reset, closed: the server may come back
+            Some(c) => {
+                let s = c.code();
+                s.starts_with("08") // connection exception
+                    || s.starts_with("53") // insufficient resources
+                    || s.starts_with("57") // operator intervention: query_canceled (statement timeout), admin shutdown
+                    || s == "40001" || s == "40P01" || s == "55P03"
+            }
+        };
+        let why = match e.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => format!("{} at {:?}", e, self.config),
+        };
+        if retryable {
+            AdapterError::Unavailable {
+                target: self.target.clone(),
+                why,
+            }
+        } else {
+            AdapterError::Failed {
+                target: self.target.clone(),
+                why,
+            }
+        }
+    }
+}
+
+/// Quotes an identifier from config: `name` or `schema.name`, each part in double quotes with
+/// quotes doubled. A name holding a dot cannot be given.
+pub(crate) fn quote_qualified(name: &str) -> String {
+    name.split('.')
+        .map(|p| format!("\"{}\"", p.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Escapes `\`, `%` and `_` for a LIKE pattern with `ESCAPE '\'`, so each matches only itself.
+pub(crate) fn like_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn like_escape_makes_metacharacters_literal() {
+        assert_eq!(like_escape(r"a_b%c\d"), r"a\_b\%c\\d");
+    }
+
+    #[test]
+    fn quoting_doubles_quotes_per_part() {
+        assert_eq!(
+            quote_qualified("public.thread_registry"),
+            "\"public\".\"thread_registry\""
+        );
+        assert_eq!(quote_qualified("we\"ird"), "\"we\"\"ird\"");
+    }
+
+    #[test]
+    fn refuses_tls_modes_it_cannot_honour_and_hides_passwords() {
+        let base = Path::new(".");
+        assert!(
+            conn_config("postgres://u@h/db?sslmode=require", None, None, base, "")
+                .unwrap_err()
+                .contains("TLS")
+        );
+        assert!(conn_config("mysql://h/db", None, None, base, "").is_err());
+        let c = conn_config(
+            "postgres://u:secret@h:5432/db?sslmode=prefer",
+            None,
+            None,
+            base,
+            "",
+        )
+        .unwrap();
+        assert!(!format!("{c:?}").contains("secret"));
+    }
+}
