@@ -15,6 +15,7 @@ pub mod langgraph_sqlite_checkpointer;
 pub mod langgraph_sqlite_store;
 mod namespace;
 mod postgres;
+pub mod redis;
 pub mod registry;
 mod sqlite;
 

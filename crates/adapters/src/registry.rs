@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::{
     langgraph_postgres_checkpointer, langgraph_postgres_store, langgraph_sqlite_checkpointer,
-    langgraph_sqlite_store, Adapter,
+    langgraph_sqlite_store, redis, Adapter,
 };
 
 /// Every adapter kind Lethe has.
@@ -22,15 +22,18 @@ pub enum Kind {
     LanggraphPostgresCheckpointer,
     /// LangGraph `PostgresStore` tables: `store`, `store_vectors`.
     LanggraphPostgresStore,
+    /// Keys on a Redis server or every primary of a Redis Cluster.
+    Redis,
 }
 
 impl Kind {
     /// Every kind, for help and error messages.
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::LanggraphSqliteCheckpointer,
         Kind::LanggraphSqliteStore,
         Kind::LanggraphPostgresCheckpointer,
         Kind::LanggraphPostgresStore,
+        Kind::Redis,
     ];
 
     /// The kind string config uses.
@@ -40,6 +43,7 @@ impl Kind {
             Kind::LanggraphSqliteStore => "langgraph-sqlite-store",
             Kind::LanggraphPostgresCheckpointer => "langgraph-postgres-checkpointer",
             Kind::LanggraphPostgresStore => "langgraph-postgres-store",
+            Kind::Redis => "redis",
         }
     }
 
@@ -192,6 +196,11 @@ pub fn build(
         ),
         Kind::LanggraphPostgresStore => Box::new(
             langgraph_postgres_store::Config::parse(table, base)
+                .map_err(invalid)?
+                .build(&name),
+        ),
+        Kind::Redis => Box::new(
+            redis::Config::parse(table, base)
                 .map_err(invalid)?
                 .build(&name),
         ),

@@ -1,0 +1,488 @@
+//! The Redis adapter itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use lethe_core::Scope;
+
+use super::layout::{glob_escape, Template, Values};
+use super::resp::{slot, Addr, Auth, Nodes, Redirect, Reply};
+use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
+
+/// How a subject's keys are found.
+#[derive(Debug)]
+pub(crate) enum Mode {
+    /// `SCAN MATCH` on every primary.
+    Scan,
+    /// A per-subject set lists the keys.
+    Index(Template),
+}
+
+/// A `redis` target.
+pub struct Redis {
+    name: String,
+    nodes: Mutex<Nodes>,
+    pattern: Template,
+    mode: Mode,
+    memory: Option<Template>,
+    scan_count: u32,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redis")
+            .field("name", &self.name)
+            .field("mode", &self.mode)
+            .finish()
+    }
+}
+
+const KEY: &str = "k:";
+const INDEX: &str = "z:";
+
+/// What a scope names in this layout.
+enum Selection {
+    /// Keys starting with this exact prefix (found by scan, or listed in `index`).
+    Prefix {
+        prefix: String,
+        index: Option<String>,
+    },
+    /// One key.
+    Key { key: String, index: Option<String> },
+}
+
+impl Redis {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        name: &str,
+        seeds: Vec<Addr>,
+        cluster: bool,
+        auth: Auth,
+        timeout: Duration,
+        pattern: Template,
+        mode: Mode,
+        memory: Option<Template>,
+        scan_count: u32,
+    ) -> Self {
+        Self {
+            name: name.to_string(),
+            nodes: Mutex::new(Nodes::new(seeds, cluster, auth, timeout)),
+            pattern,
+            mode,
+            memory,
+            scan_count,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Nodes> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A driver error: unreachable nodes and broken connections are worth retrying.
+    fn unavailable(&self, why: String) -> AdapterError {
+        AdapterError::Unavailable {
+            target: self.name.clone(),
+            why,
+        }
+    }
+
+    fn failed(&self, why: impl Into<String>) -> AdapterError {
+        AdapterError::Failed {
+            target: self.name.clone(),
+            why: why.into(),
+        }
+    }
+
+    fn selection(&self, scope: &Scope) -> Result<Selection, AdapterError> {
+        let inexpressible = |why: String| AdapterError::Inexpressible {
+            target: self.name.clone(),
+            why,
+        };
+        let subject = scope.subject().map(|s| s.as_str());
+        let v = Values {
+            tenant: scope.tenant().as_str(),
+            subject,
+            memory: None,
+        };
+        let index = match (&self.mode, subject) {
+            (Mode::Index(t), Some(_)) => Some(t.expand(&v, false).map_err(inexpressible)?),
+            _ => None,
+        };
+        Ok(match scope {
+            Scope::Subject { .. } => Selection::Prefix {
+                prefix: self.pattern.expand(&v, false).map_err(inexpressible)?,
+                index,
+            },
+            Scope::Tenant { .. } => Selection::Prefix {
+                prefix: self.pattern.expand(&v, true).map_err(inexpressible)?,
+                index: None,
+            },
+            Scope::Memory { memory, .. } => {
+                let t = self.memory.as_ref().ok_or_else(|| {
+                    inexpressible("no `memory` key template is configured".into())
+                })?;
+                // The subject's own layout must be expressible too: it is what the key is
+                // re-checked against.
+                let prefix = self.pattern.expand(&v, false).map_err(inexpressible)?;
+                let key = t
+                    .expand(
+                        &Values {
+                            memory: Some(memory.as_str()),
+                            ..v
+                        },
+                        false,
+                    )
+                    .map_err(inexpressible)?;
+                if !key.starts_with(&prefix) {
+                    return Err(inexpressible(
+                        "the memory key template does not lie inside the subject's pattern".into(),
+                    ));
+                }
+                Selection::Key { key, index }
+            }
+        })
+    }
+
+    /// `SCAN MATCH prefix*` on every primary; keys re-checked against the exact prefix.
+    fn scan(&self, nodes: &mut Nodes, prefix: &str) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+        let pattern = format!("{}*", glob_escape(prefix));
+        let count = self.scan_count.to_string();
+        let mut out = BTreeSet::new();
+        for node in nodes.primaries().map_err(|e| self.unavailable(e))? {
+            let mut cursor = b"0".to_vec();
+            loop {
+                let reply = nodes
+                    .conn(&node)
+                    .and_then(|c| {
+                        c.call(&[
+                            b"SCAN",
+                            &cursor,
+                            b"MATCH",
+                            pattern.as_bytes(),
+                            b"COUNT",
+                            count.as_bytes(),
+                        ])
+                    })
+                    .map_err(|e| {
+                        nodes.forget(&node);
+                        self.unavailable(e)
+                    })?;
+                let (next, keys) = match reply.array() {
+                    Some([c, Reply::Array(Some(keys))]) => {
+                        (c.bytes().unwrap_or(b"0").to_vec(), keys.clone())
+                    }
+                    _ => return Err(self.failed(format!("unexpected SCAN reply: {reply:?}"))),
+                };
+                // The exact re-check: a glob can only over-match if escaping failed; this makes
+                // sure nothing outside the prefix is ever unlinked.
+                out.extend(
+                    keys.iter()
+                        .filter_map(|k| k.bytes())
+                        .filter(|k| k.starts_with(prefix.as_bytes()))
+                        .map(<[u8]>::to_vec),
+                );
+                cursor = next;
+                if cursor == b"0" {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The members of an index set, in pages; each must lie inside the subject's prefix.
+    fn index_members(
+        &self,
+        nodes: &mut Nodes,
+        index: &str,
+        prefix: &str,
+    ) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+        let mut out = BTreeSet::new();
+        let count = self.scan_count.to_string();
+        let mut cursor = b"0".to_vec();
+        loop {
+            let reply = nodes
+                .keyed(
+                    index.as_bytes(),
+                    &[
+                        b"SSCAN",
+                        index.as_bytes(),
+                        &cursor,
+                        b"COUNT",
+                        count.as_bytes(),
+                    ],
+                )
+                .map_err(|e| self.unavailable(e))?;
+            let (next, members) = match reply.array() {
+                Some([c, Reply::Array(Some(m))]) => (c.bytes().unwrap_or(b"0").to_vec(), m.clone()),
+                _ if matches!(reply, Reply::Error(_)) => {
+                    return Err(
+                        self.failed(format!("the index set answered {reply:?}: is it a set?"))
+                    )
+                }
+                _ => return Err(self.failed(format!("unexpected SSCAN reply: {reply:?}"))),
+            };
+            for m in members.iter().filter_map(|m| m.bytes()) {
+                if !m.starts_with(prefix.as_bytes()) {
+                    return Err(self.failed("the index set lists a key outside the subject's key layout; refusing to erase it"));
+                }
+                out.insert(m.to_vec());
+            }
+            cursor = next;
+            if cursor == b"0" {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs one single-key command per key, pipelined per owner node in slot order. A reply
+    /// that redirects is retried alone, following MOVED and ASK.
+    fn per_key(
+        &self,
+        nodes: &mut Nodes,
+        cmd: &[u8],
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Reply>, AdapterError> {
+        let mut by_node: BTreeMap<Addr, Vec<(u16, usize)>> = BTreeMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let s = slot(k);
+            by_node
+                .entry(nodes.owner(s).map_err(|e| self.unavailable(e))?)
+                .or_default()
+                .push((s, i));
+        }
+        let mut out = vec![Reply::Int(0); keys.len()];
+        for (node, mut items) in by_node {
+            items.sort();
+            let cmds: Vec<Vec<&[u8]>> = items
+                .iter()
+                .map(|(_, i)| vec![cmd, keys[*i].as_slice()])
+                .collect();
+            let replies = nodes
+                .conn(&node)
+                .and_then(|c| c.pipeline(&cmds))
+                .map_err(|e| {
+                    nodes.forget(&node);
+                    self.unavailable(e)
+                })?;
+            for ((_, i), r) in items.iter().zip(replies) {
+                out[*i] = match &r {
+                    Reply::Error(e) if super::resp::redirect(e).is_some() => {
+                        if let Some(Redirect::Moved(s, a)) = super::resp::redirect(e) {
+                            nodes.set_owner(s, a);
+                        }
+                        nodes
+                            .keyed(&keys[*i], &[cmd, keys[*i].as_slice()])
+                            .map_err(|e| self.unavailable(e))?
+                    }
+                    Reply::Error(e) => {
+                        return Err(
+                            self.failed(format!("{} answered: {e}", String::from_utf8_lossy(cmd)))
+                        )
+                    }
+                    _ => r,
+                };
+            }
+        }
+        Ok(out)
+    }
+
+    fn existing(
+        &self,
+        nodes: &mut Nodes,
+        keys: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, AdapterError> {
+        let replies = self.per_key(nodes, b"EXISTS", &keys)?;
+        Ok(keys
+            .into_iter()
+            .zip(replies)
+            .filter(|(_, r)| r.int() == Some(1))
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// Keys of the scope that exist now, and whether its index set exists.
+    fn keys(
+        &self,
+        nodes: &mut Nodes,
+        sel: &Selection,
+    ) -> Result<(Vec<Vec<u8>>, Option<String>), AdapterError> {
+        match sel {
+            Selection::Prefix {
+                prefix,
+                index: None,
+            } => Ok((self.scan(nodes, prefix)?.into_iter().collect(), None)),
+            Selection::Prefix {
+                prefix,
+                index: Some(index),
+            } => {
+                let members = self
+                    .index_members(nodes, index, prefix)?
+                    .into_iter()
+                    .collect();
+                let set = self.existing(nodes, vec![index.as_bytes().to_vec()])?;
+                Ok((
+                    self.existing(nodes, members)?,
+                    (!set.is_empty()).then(|| index.clone()),
+                ))
+            }
+            Selection::Key { key, .. } => {
+                Ok((self.existing(nodes, vec![key.as_bytes().to_vec()])?, None))
+            }
+        }
+    }
+}
+
+fn hex_locator(kind: &str, key: &[u8]) -> String {
+    let mut s = String::with_capacity(kind.len() + key.len() * 2);
+    s.push_str(kind);
+    for b in key {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
+}
+
+impl Adapter for Redis {
+    fn describe(&self) -> Description {
+        Description {
+            kind: "redis",
+            version: "1",
+            capabilities: vec![
+                "scope:subject",
+                "scope:tenant",
+                if self.memory.is_some() {
+                    "scope:memory"
+                } else {
+                    "scope:memory-unconfigured"
+                },
+                if matches!(self.mode, Mode::Index(_)) {
+                    "mode:index"
+                } else {
+                    "mode:scan"
+                },
+                "cluster:every-primary",
+            ],
+        }
+    }
+
+    fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {
+        if matches!(scope, Scope::Memory { .. }) && self.memory.is_none() {
+            return Ok(Applicability::Exempt(
+                "memory scope: no `memory` key template is configured".into(),
+            ));
+        }
+        self.selection(scope).map(|_| Applicability::Applies)
+    }
+
+    fn probe(&self) -> Result<(), AdapterError> {
+        let mut nodes = self.lock();
+        for node in nodes.primaries().map_err(|e| self.unavailable(e))? {
+            let r = nodes
+                .conn(&node)
+                .and_then(|c| c.call(&[b"PING"]))
+                .map_err(|e| {
+                    nodes.forget(&node);
+                    self.unavailable(e)
+                })?;
+            if let Reply::Error(e) = r {
+                return Err(self.failed(format!("PING answered {e}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
+        let sel = self.selection(scope)?;
+        let mut nodes = self.lock();
+        let (keys, index) = self.keys(&mut nodes, &sel)?;
+        let mut locators: Vec<Locator> = keys.iter().map(|k| (hex_locator(KEY, k), 1)).collect();
+        if let Some(i) = index {
+            locators.push((hex_locator(INDEX, i.as_bytes()), 1));
+        }
+        Ok(Inventory::from_locators(locators))
+    }
+
+    fn erase_batch(&self, scope: &Scope, batch: &[Locator]) -> Result<u64, AdapterError> {
+        let sel = self.selection(scope)?;
+        let (prefix, index) = match &sel {
+            Selection::Prefix { prefix, index } => (prefix.clone(), index.clone()),
+            Selection::Key { key, index } => (key.clone(), index.clone()),
+        };
+        let mut keys = Vec::new();
+        let mut sets = Vec::new();
+        for (loc, _) in batch {
+            let (kind, hex) = loc.split_at(2.min(loc.len()));
+            let key = unhex(hex)
+                .ok_or_else(|| self.failed("unreadable locator in the frozen inventory"))?;
+            match kind {
+                // Belt and braces: never unlink a key outside the scope's exact prefix.
+                KEY if key.starts_with(prefix.as_bytes()) => keys.push(key),
+                INDEX if index.as_deref().map(str::as_bytes) == Some(key.as_slice()) => {
+                    sets.push(key)
+                }
+                _ => return Err(self.failed("a frozen locator lies outside the scope")),
+            }
+        }
+        let mut nodes = self.lock();
+        // UNLINK: the value is reclaimed in the background, so a large value never blocks.
+        let mut n: u64 = self
+            .per_key(&mut nodes, b"UNLINK", &keys)?
+            .iter()
+            .filter_map(Reply::int)
+            .sum::<i64>() as u64;
+        if let (
+            Selection::Key {
+                key,
+                index: Some(index),
+            },
+            false,
+        ) = (&sel, keys.is_empty())
+        {
+            // Tidy the index: it must not keep listing an erased memory's key (not a row).
+            nodes
+                .keyed(
+                    index.as_bytes(),
+                    &[b"SREM", index.as_bytes(), key.as_bytes()],
+                )
+                .map_err(|e| self.unavailable(e))?;
+        }
+        // The index set last, after the keys it lists.
+        n += self
+            .per_key(&mut nodes, b"UNLINK", &sets)?
+            .iter()
+            .filter_map(Reply::int)
+            .sum::<i64>() as u64;
+        let expected: u64 = batch.iter().map(|(_, r)| r).sum();
+        if n > expected {
+            return Err(AdapterError::AnomalousVolume {
+                target: self.name.clone(),
+                expected,
+                found: n,
+            });
+        }
+        Ok(n)
+    }
+
+    fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {
+        let sel = self.selection(scope)?;
+        let mut nodes = self.lock();
+        let (mut keys, index) = self.keys(&mut nodes, &sel)?;
+        let frozen_keys: Vec<Vec<u8>> = frozen
+            .iter()
+            .filter_map(|(l, _)| l.strip_prefix(KEY).and_then(unhex))
+            .collect();
+        keys.extend(self.existing(&mut nodes, frozen_keys)?);
+        keys.sort();
+        keys.dedup();
+        Ok(keys.len() as u64 + u64::from(index.is_some()))
+    }
+}

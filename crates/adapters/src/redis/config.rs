@@ -1,0 +1,216 @@
+//! Config of a `redis` target.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::registry::{parse_table, resolve};
+
+use super::adapter::{Mode, Redis};
+use super::layout::Template;
+use super::resp::{Addr, Auth};
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    /// One server: `redis://[user[:password]@]host[:port][/db]`.
+    url: Option<String>,
+    /// Cluster seed nodes.
+    nodes: Option<Vec<String>>,
+    password_file: Option<PathBuf>,
+    db: Option<u32>,
+    pattern: String,
+    mode: Option<String>,
+    index: Option<String>,
+    memory: Option<String>,
+    scan_count: Option<u32>,
+    timeout_ms: Option<u64>,
+}
+
+/// A validated config.
+pub struct Config {
+    seeds: Vec<Addr>,
+    cluster: bool,
+    auth: Auth,
+    pattern: Template,
+    mode: Mode,
+    memory: Option<Template>,
+    scan_count: u32,
+    timeout: Duration,
+}
+
+/// What one URL gives: address, username, password, db.
+type ParsedUrl = (Addr, Option<String>, Option<String>, Option<u32>);
+
+/// Parses one `redis://` URL into its address and credentials.
+fn parse_url(url: &str) -> Result<ParsedUrl, String> {
+    if url.starts_with("rediss://") {
+        return Err("rediss:// (TLS) is not built into Lethe yet".into());
+    }
+    let rest = url
+        .strip_prefix("redis://")
+        .ok_or("a Redis URL must start with redis://")?;
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((a, r)) => (Some(a), r),
+        None => (None, rest),
+    };
+    let (hostport, db) = match rest.split_once('/') {
+        Some((h, d)) if !d.is_empty() => (
+            h,
+            Some(
+                d.parse::<u32>()
+                    .map_err(|_| "the URL's /db must be a number")?,
+            ),
+        ),
+        Some((h, _)) => (h, None),
+        None => (rest, None),
+    };
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| "the URL's port must be a number")?,
+        ),
+        None => (hostport, 6379),
+    };
+    if host.is_empty() {
+        return Err("the URL has no host".into());
+    }
+    let (user, pass) = match auth {
+        Some(a) => match a.split_once(':') {
+            Some((u, p)) => ((!u.is_empty()).then(|| u.to_string()), Some(p.to_string())),
+            None => (None, Some(a.to_string())),
+        },
+        None => (None, None),
+    };
+    Ok(((host.to_string(), port), user, pass, db))
+}
+
+impl Config {
+    /// Parses and validates the kind-specific keys.
+    pub fn parse(table: toml::Table, base: &Path) -> Result<Self, String> {
+        let raw: Raw = parse_table(table)?;
+        let urls = match (&raw.url, &raw.nodes) {
+            (Some(u), None) => vec![u.clone()],
+            (None, Some(n)) if !n.is_empty() => n.clone(),
+            _ => {
+                return Err(
+                    "give `url` (one server) or `nodes` (cluster seed nodes), not both".into(),
+                )
+            }
+        };
+        let cluster = raw.nodes.is_some();
+        let mut seeds = Vec::new();
+        let (mut username, mut password, mut db) = (None, None, None);
+        for u in &urls {
+            let (addr, user, pass, d) = parse_url(u)?;
+            seeds.push(addr);
+            username = username.or(user);
+            password = password.or(pass);
+            db = db.or(d);
+        }
+        if let Some(p) = &raw.password_file {
+            if password.is_some() {
+                return Err("the URL has a password and password_file is set: keep one".into());
+            }
+            let p = resolve(base, p);
+            let text = std::fs::read_to_string(&p)
+                .map_err(|e| format!("password_file {}: {e}", p.display()))?;
+            password = Some(text.lines().next().unwrap_or("").to_string());
+        }
+        if raw.db.is_some() && db.is_some() && raw.db != db {
+            return Err("`db` and the URL's /db disagree".into());
+        }
+        let db = raw.db.or(db).unwrap_or(0);
+        if cluster && db != 0 {
+            return Err("a Redis Cluster has only db 0".into());
+        }
+        let pattern = Template::parse(&raw.pattern, "pattern", true, &["tenant", "subject"])?;
+        let mode = match raw.mode.as_deref().unwrap_or("scan") {
+            "scan" => {
+                if raw.index.is_some() {
+                    return Err("`index` is for mode = \"index\"".into());
+                }
+                Mode::Scan
+            }
+            "index" => {
+                let text = raw
+                    .index
+                    .as_deref()
+                    .ok_or("mode = \"index\" needs `index`, e.g. \"idx:{tenant}:{subject}\"")?;
+                Mode::Index(Template::parse(
+                    text,
+                    "index",
+                    false,
+                    &["tenant", "subject"],
+                )?)
+            }
+            other => {
+                return Err(format!(
+                    "mode must be \"scan\" or \"index\", not \"{other}\""
+                ))
+            }
+        };
+        let memory = raw
+            .memory
+            .as_deref()
+            .map(|m| Template::parse(m, "memory", false, &["tenant", "subject", "memory"]))
+            .transpose()?;
+        let scan_count = raw.scan_count.unwrap_or(1000);
+        if scan_count == 0 || scan_count > 100_000 {
+            return Err("scan_count must be between 1 and 100000".into());
+        }
+        let timeout = Duration::from_millis(raw.timeout_ms.unwrap_or(5000).clamp(1, 600_000));
+        Ok(Self {
+            seeds,
+            cluster,
+            auth: Auth {
+                username,
+                password,
+                db,
+            },
+            pattern,
+            mode,
+            memory,
+            scan_count,
+            timeout,
+        })
+    }
+
+    /// Builds the adapter. Connects to nothing.
+    pub fn build(self, name: &str) -> Redis {
+        Redis::new(
+            name,
+            self.seeds,
+            self.cluster,
+            self.auth,
+            self.timeout,
+            self.pattern,
+            self.mode,
+            self.memory,
+            self.scan_count,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let (a, u, p, d) = parse_url("redis://me:s3cret@cache.local:6380/2").unwrap();
+        assert_eq!(
+            (a, u.as_deref(), p.as_deref(), d),
+            (
+                ("cache.local".into(), 6380),
+                Some("me"),
+                Some("s3cret"),
+                Some(2)
+            )
+        );
+        let (a, u, p, d) = parse_url("redis://127.0.0.1").unwrap();
+        assert_eq!((a.1, u, p, d), (6379, None, None, None));
+        assert!(parse_url("rediss://h").unwrap_err().contains("TLS"));
+        assert!(parse_url("http://h").is_err());
+    }
+}

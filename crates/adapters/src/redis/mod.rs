@@ -1,0 +1,25 @@
+//! `redis`: cache keys on a standalone Redis or every primary of a Redis Cluster.
+//!
+//! - **Patterns that never widen** (`layout`): identifiers are glob-escaped in `SCAN MATCH`,
+//!   an identifier holding its layout's separator is refused, and every key found is re-checked
+//!   against the exact prefix before it is unlinked.
+//! - **`mode = "scan"`**: cursor `SCAN` with `COUNT` on every primary (a scan sees one node),
+//!   then single-key `UNLINK`s pipelined per node in slot order: never `KEYS`, never `DEL`, no
+//!   multi-key command that could fail with `CROSSSLOT`.
+//! - **`mode = "index"`**: a per-subject set lists the subject's keys; erasing reads it in
+//!   pages (`SSCAN`) and unlinks the keys, then the set, without walking the keyspace. A tenant
+//!   scope has no such set, so it is scanned.
+//! - **Redirects** (`resp`): `MOVED` and `ASK` during resharding are followed; a node that does
+//!   not answer is a retryable error, so the job blocks and a rerun finishes.
+//!
+//! Locators: `k:<hex key>` for a key, `z:<hex key>` for the index set (sorted last).
+
+mod adapter;
+mod config;
+mod layout;
+mod resp;
+#[cfg(test)]
+mod tests;
+
+pub use adapter::Redis;
+pub use config::Config;

@@ -1,0 +1,438 @@
+//! A small RESP2 client: just what erasure needs, with redirects under our control.
+//!
+//! - one connection per node, `AUTH` and `SELECT` on connect, pipelined commands;
+//! - cluster topology from `CLUSTER SLOTS`, key slots by CRC16 with hash tags;
+//! - `-MOVED` refreshes the slot map and retries at the new owner, `-ASK` retries once at the
+//!   importing node after `ASKING`, `-TRYAGAIN` (a multi-key command split by a migration) falls
+//!   back to one key at a time.
+//!
+//! Why not a general client: erasure needs per-primary `SCAN` and per-slot pipelined `UNLINK`
+//! with every redirect visible, and nothing else. TLS (`rediss://`) is not built yet.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// A reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Option<Vec<Reply>>),
+}
+
+impl Reply {
+    pub(crate) fn int(&self) -> Option<i64> {
+        match self {
+            Reply::Int(n) => Some(*n),
+            _ => None,
+        }
+    }
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Reply::Bulk(Some(b)) => Some(b),
+            _ => None,
+        }
+    }
+    pub(crate) fn array(&self) -> Option<&[Reply]> {
+        match self {
+            Reply::Array(Some(a)) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// A node address.
+pub(crate) type Addr = (String, u16);
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Auth {
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: u32,
+}
+
+/// One connection to one node.
+pub(crate) struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+}
+
+fn io_err(what: &str, e: std::io::Error) -> String {
+    format!("{what}: {e}")
+}
+
+impl Conn {
+    pub(crate) fn open(addr: &Addr, auth: &Auth, timeout: Duration) -> Result<Self, String> {
+        use std::net::ToSocketAddrs;
+        let sock = (addr.0.as_str(), addr.1)
+            .to_socket_addrs()
+            .map_err(|e| io_err("resolving the address", e))?
+            .next()
+            .ok_or("the address resolves to nothing")?;
+        let stream = TcpStream::connect_timeout(&sock, timeout)
+            .map_err(|e| io_err(&format!("connecting to {}:{}", addr.0, addr.1), e))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| io_err("socket", e))?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(|e| io_err("socket", e))?;
+        stream.set_nodelay(true).map_err(|e| io_err("socket", e))?;
+        let reader = BufReader::new(stream.try_clone().map_err(|e| io_err("socket", e))?);
+        let mut c = Conn {
+            reader,
+            writer: BufWriter::new(stream),
+        };
+        if let Some(p) = &auth.password {
+            let mut cmd: Vec<&[u8]> = vec![b"AUTH"];
+            if let Some(u) = &auth.username {
+                cmd.push(u.as_bytes());
+            }
+            cmd.push(p.as_bytes());
+            if let Reply::Error(e) = c.call(&cmd)? {
+                return Err(format!(
+                    "authentication failed: {}",
+                    e.split_whitespace().next().unwrap_or("error")
+                ));
+            }
+        }
+        if auth.db != 0 {
+            if let Reply::Error(e) = c.call(&[b"SELECT", auth.db.to_string().as_bytes()])? {
+                return Err(format!("SELECT {} failed: {e}", auth.db));
+            }
+        }
+        Ok(c)
+    }
+
+    fn write_cmd(&mut self, args: &[&[u8]]) -> Result<(), String> {
+        let w = &mut self.writer;
+        let e = |e| io_err("writing", e);
+        write!(w, "*{}\r\n", args.len()).map_err(e)?;
+        for a in args {
+            write!(w, "${}\r\n", a.len()).map_err(e)?;
+            w.write_all(a).map_err(e)?;
+            w.write_all(b"\r\n").map_err(e)?;
+        }
+        Ok(())
+    }
+
+    fn read_line(&mut self) -> Result<String, String> {
+        let mut line = Vec::new();
+        self.reader
+            .read_until(b'\n', &mut line)
+            .map_err(|e| io_err("reading", e))?;
+        if !line.ends_with(b"\r\n") {
+            return Err("connection closed".into());
+        }
+        line.truncate(line.len() - 2);
+        String::from_utf8(line).map_err(|_| "non-UTF-8 reply header".to_string())
+    }
+
+    fn read_reply(&mut self) -> Result<Reply, String> {
+        let line = self.read_line()?;
+        let (kind, rest) = line.split_at(1.min(line.len()));
+        let num = || {
+            rest.parse::<i64>()
+                .map_err(|_| format!("bad reply length {rest:?}"))
+        };
+        Ok(match kind {
+            "+" => Reply::Status(rest.to_string()),
+            "-" => Reply::Error(rest.to_string()),
+            ":" => Reply::Int(num()?),
+            "$" => {
+                let n = num()?;
+                if n < 0 {
+                    Reply::Bulk(None)
+                } else {
+                    let mut buf = vec![0u8; n as usize + 2];
+                    self.reader
+                        .read_exact(&mut buf)
+                        .map_err(|e| io_err("reading", e))?;
+                    buf.truncate(n as usize);
+                    Reply::Bulk(Some(buf))
+                }
+            }
+            "*" => {
+                let n = num()?;
+                if n < 0 {
+                    Reply::Array(None)
+                } else {
+                    let mut v = Vec::with_capacity(n as usize);
+                    for _ in 0..n {
+                        v.push(self.read_reply()?);
+                    }
+                    Reply::Array(Some(v))
+                }
+            }
+            _ => return Err(format!("unknown reply type {kind:?}")),
+        })
+    }
+
+    /// One command, one reply.
+    pub(crate) fn call(&mut self, args: &[&[u8]]) -> Result<Reply, String> {
+        Ok(self.pipeline(&[args.to_vec()])?.remove(0))
+    }
+
+    /// Several commands written at once, their replies read in order.
+    pub(crate) fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>, String> {
+        for c in cmds {
+            self.write_cmd(c)?;
+        }
+        self.writer.flush().map_err(|e| io_err("writing", e))?;
+        cmds.iter().map(|_| self.read_reply()).collect()
+    }
+}
+
+/// CRC16/XMODEM, as Redis Cluster uses for key slots.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster slot of a key, honouring a `{hash tag}`.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        key[open + 1..]
+            .iter()
+            .position(|&b| b == b'}')
+            .filter(|&len| len > 0)
+            .map(|len| &key[open + 1..open + 1 + len])
+    });
+    crc16(tagged.unwrap_or(key)) % 16384
+}
+
+/// A redirect in an error reply.
+pub(crate) enum Redirect {
+    Moved(u16, Addr),
+    Ask(Addr),
+    TryAgain,
+}
+
+pub(crate) fn redirect(err: &str) -> Option<Redirect> {
+    let mut parts = err.split_whitespace();
+    let kind = parts.next()?;
+    if kind == "TRYAGAIN" {
+        return Some(Redirect::TryAgain);
+    }
+    let slot: u16 = parts.next()?.parse().ok()?;
+    let (host, port) = parts.next()?.rsplit_once(':')?;
+    let addr = (host.to_string(), port.parse().ok()?);
+    match kind {
+        "MOVED" => Some(Redirect::Moved(slot, addr)),
+        "ASK" => Some(Redirect::Ask(addr)),
+        _ => None,
+    }
+}
+
+/// Connections to every node met, and (for a cluster) the slot map.
+pub(crate) struct Nodes {
+    auth: Auth,
+    timeout: Duration,
+    seeds: Vec<Addr>,
+    cluster: bool,
+    conns: HashMap<Addr, Conn>,
+    /// slot -> owner; empty for a standalone server.
+    slots: Vec<Option<Addr>>,
+}
+
+impl Nodes {
+    pub(crate) fn new(seeds: Vec<Addr>, cluster: bool, auth: Auth, timeout: Duration) -> Self {
+        Nodes {
+            auth,
+            timeout,
+            seeds,
+            cluster,
+            conns: HashMap::new(),
+            slots: Vec::new(),
+        }
+    }
+
+    pub(crate) fn conn(&mut self, addr: &Addr) -> Result<&mut Conn, String> {
+        if !self.conns.contains_key(addr) {
+            let c = Conn::open(addr, &self.auth, self.timeout)?;
+            self.conns.insert(addr.clone(), c);
+        }
+        Ok(self.conns.get_mut(addr).expect("inserted above"))
+    }
+
+    /// Drops a node's connection after an I/O error, so the next use reconnects.
+    pub(crate) fn forget(&mut self, addr: &Addr) {
+        self.conns.remove(addr);
+    }
+
+    /// Reads the slot map from the first seed that answers.
+    pub(crate) fn refresh(&mut self) -> Result<(), String> {
+        if !self.cluster {
+            return Ok(());
+        }
+        let mut last = String::from("no seed node");
+        for seed in self.seeds.clone() {
+            let reply = match self
+                .conn(&seed)
+                .and_then(|c| c.call(&[b"CLUSTER", b"SLOTS"]))
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    self.forget(&seed);
+                    last = e;
+                    continue;
+                }
+            };
+            let mut slots = vec![None; 16384];
+            for range in reply.array().unwrap_or(&[]) {
+                let r = range.array().unwrap_or(&[]);
+                let (Some(lo), Some(hi), Some(master)) = (
+                    r.first().and_then(Reply::int),
+                    r.get(1).and_then(Reply::int),
+                    r.get(2).and_then(Reply::array),
+                ) else {
+                    continue;
+                };
+                let host = master
+                    .first()
+                    .and_then(Reply::bytes)
+                    .map(|b| String::from_utf8_lossy(b).into_owned())
+                    .unwrap_or_default();
+                let host = if host.is_empty() {
+                    seed.0.clone()
+                } else {
+                    host
+                };
+                let port = master.get(1).and_then(Reply::int).unwrap_or(0) as u16;
+                for s in lo..=hi {
+                    slots[s as usize] = Some((host.clone(), port));
+                }
+            }
+            if slots.iter().any(Option::is_none) {
+                return Err("the cluster does not cover all 16384 slots".into());
+            }
+            self.slots = slots;
+            return Ok(());
+        }
+        Err(last)
+    }
+
+    /// Every primary: the standalone server, or each distinct slot owner.
+    pub(crate) fn primaries(&mut self) -> Result<Vec<Addr>, String> {
+        if !self.cluster {
+            return Ok(vec![self.seeds[0].clone()]);
+        }
+        self.refresh()?;
+        let mut p: Vec<Addr> = self.slots.iter().flatten().cloned().collect();
+        p.sort();
+        p.dedup();
+        Ok(p)
+    }
+
+    /// The node that owns a slot.
+    pub(crate) fn owner(&mut self, slot: u16) -> Result<Addr, String> {
+        if !self.cluster {
+            return Ok(self.seeds[0].clone());
+        }
+        if self.slots.is_empty() {
+            self.refresh()?;
+        }
+        self.slots[slot as usize]
+            .clone()
+            .ok_or_else(|| "slot without owner".into())
+    }
+
+    pub(crate) fn set_owner(&mut self, slot: u16, addr: Addr) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            *s = Some(addr);
+        }
+    }
+
+    /// Runs a single-key command at the key's owner, following MOVED and ASK.
+    pub(crate) fn keyed(&mut self, key: &[u8], args: &[&[u8]]) -> Result<Reply, String> {
+        let slot = slot(key);
+        let mut addr = self.owner(slot)?;
+        let mut asking = false;
+        for _ in 0..8 {
+            let reply = {
+                let c = self.conn(&addr)?;
+                let r = if asking {
+                    c.pipeline(&[vec![b"ASKING"], args.to_vec()])
+                        .map(|mut v| v.remove(1))
+                } else {
+                    c.call(args)
+                };
+                match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.forget(&addr);
+                        return Err(e);
+                    }
+                }
+            };
+            match &reply {
+                Reply::Error(e) => match redirect(e) {
+                    Some(Redirect::Moved(s, a)) => {
+                        self.set_owner(s, a.clone());
+                        addr = a;
+                        asking = false;
+                    }
+                    Some(Redirect::Ask(a)) => {
+                        addr = a;
+                        asking = true;
+                    }
+                    Some(Redirect::TryAgain) => asking = false,
+                    None => return Ok(reply),
+                },
+                _ => return Ok(reply),
+            }
+        }
+        Err("too many redirects".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster_spec() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(
+            slot(b"foo{}{bar}"),
+            slot(b"foo{}{bar}"),
+            "empty tag: whole key hashed"
+        );
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+
+    #[test]
+    fn parses_redirects() {
+        assert!(
+            matches!(redirect("MOVED 3999 127.0.0.1:6381"), Some(Redirect::Moved(3999, (h, 6381))) if h == "127.0.0.1")
+        );
+        assert!(matches!(
+            redirect("ASK 3999 127.0.0.1:6381"),
+            Some(Redirect::Ask(_))
+        ));
+        assert!(matches!(
+            redirect("TRYAGAIN Multiple keys request during rehashing of slot"),
+            Some(Redirect::TryAgain)
+        ));
+        assert!(redirect("ERR unknown command").is_none());
+    }
+}

@@ -1,0 +1,552 @@
+//! The conformance suite on real Redis: the standalone server on 127.0.0.1:6379 and the
+//! three-primary cluster `scripts/redis cluster-start` runs (LETHE_REDIS_URL,
+//! LETHE_REDIS_CLUSTER_NODES). Every test writes under its own key prefix.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lethe_core::{MemoryId, Scope, Subject, Tenant};
+
+use super::resp::{Addr, Auth, Nodes, Reply};
+use crate::conformance::{self, Case, Row};
+use crate::{Adapter, AdapterError, Applicability};
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+fn standalone() -> (String, Addr) {
+    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let hp = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let (h, p) = hp.rsplit_once(':').unwrap();
+    (url.clone(), (h.to_string(), p.parse().unwrap()))
+}
+
+fn cluster_nodes() -> Vec<String> {
+    std::env::var("LETHE_REDIS_CLUSTER_NODES")
+        .unwrap_or_else(|_| {
+            "redis://127.0.0.1:7101 redis://127.0.0.1:7102 redis://127.0.0.1:7103".into()
+        })
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn addr(url: &str) -> Addr {
+    let (h, p) = url.trim_start_matches("redis://").rsplit_once(':').unwrap();
+    (h.to_string(), p.parse().unwrap())
+}
+
+/// A test's own key prefix, on the standalone server (db 9) or the cluster.
+struct Space {
+    prefix: String,
+    cluster: bool,
+    nodes: std::cell::RefCell<Nodes>,
+    owners: HashMap<Vec<u8>, (String, String)>,
+}
+
+impl Space {
+    fn new(cluster: bool) -> Self {
+        let prefix = format!(
+            "lt{}x{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        let auth = Auth {
+            username: None,
+            password: None,
+            db: if cluster { 0 } else { 9 },
+        };
+        let seeds = if cluster {
+            cluster_nodes().iter().map(|u| addr(u)).collect()
+        } else {
+            vec![standalone().1]
+        };
+        let nodes = Nodes::new(seeds, cluster, auth, Duration::from_secs(5));
+        Space {
+            prefix,
+            cluster,
+            nodes: std::cell::RefCell::new(nodes),
+            owners: HashMap::new(),
+        }
+    }
+
+    fn cmd(&self, args: &[&[u8]]) -> Reply {
+        let r = self
+            .nodes
+            .borrow_mut()
+            .keyed(args[1], args)
+            .expect("redis reachable (scripts/test starts the cluster)");
+        assert!(!matches!(r, Reply::Error(_)), "{r:?}");
+        r
+    }
+
+    /// Keys of every type for a subject, one with a TTL, and its index set.
+    fn seed(&mut self, t: &str, s: &str) {
+        let p = format!("{}:{t}:{s}:", self.prefix);
+        let k = |x: &str| format!("{p}{x}");
+        self.cmd(&[
+            b"SET",
+            k("str").as_bytes(),
+            format!("{s} said hello").as_bytes(),
+        ]);
+        self.cmd(&[
+            b"HSET",
+            k("hash").as_bytes(),
+            b"user",
+            s.as_bytes(),
+            b"n",
+            b"1",
+        ]);
+        self.cmd(&[b"RPUSH", k("list").as_bytes(), b"a", s.as_bytes()]);
+        self.cmd(&[b"SADD", k("set").as_bytes(), b"x", s.as_bytes()]);
+        self.cmd(&[b"ZADD", k("zset").as_bytes(), b"1", s.as_bytes()]);
+        self.cmd(&[b"XADD", k("stream").as_bytes(), b"*", b"user", s.as_bytes()]);
+        self.cmd(&[b"SET", k("ttl").as_bytes(), b"short-lived", b"EX", b"3600"]);
+        let keys: Vec<String> = ["str", "hash", "list", "set", "zset", "stream", "ttl"]
+            .iter()
+            .map(|x| k(x))
+            .collect();
+        let index = self.index_key(t, s);
+        let mut sadd: Vec<&[u8]> = vec![b"SADD", index.as_bytes()];
+        sadd.extend(keys.iter().map(|k| k.as_bytes()));
+        self.cmd(&sadd);
+        for key in keys.iter().chain(std::iter::once(&index)) {
+            self.owners
+                .insert(key.as_bytes().to_vec(), (t.to_string(), s.to_string()));
+        }
+    }
+
+    fn index_key(&self, t: &str, s: &str) -> String {
+        format!("{}:idx:{{{t}}}:{s}", self.prefix)
+    }
+
+    fn target(&self, mode: &str) -> crate::Target {
+        let conn = if self.cluster {
+            format!(
+                "nodes = [{}]",
+                cluster_nodes()
+                    .iter()
+                    .map(|n| format!("\"{n}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            format!("url = \"{}\"\ndb = 9", standalone().0)
+        };
+        let mode = match mode {
+            "index" => format!(
+                "mode = \"index\"\nindex = \"{}:idx:{{{{tenant}}}}:{{subject}}\"",
+                self.prefix
+            ),
+            _ => "mode = \"scan\"\nscan_count = 7".to_string(),
+        };
+        let text = format!(
+            "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\n{conn}\npattern = \"{p}:{{tenant}}:{{subject}}:*\"\nmemory = \"{p}:{{tenant}}:{{subject}}:{{memory}}\"\n{mode}\n",
+            p = self.prefix
+        );
+        crate::build(1, toml::from_str(&text).unwrap(), std::path::Path::new(".")).unwrap()
+    }
+}
+
+struct RedisCase<'a> {
+    space: &'a Space,
+    adapter: crate::Target,
+    /// Scan mode does not own the index sets: they are outside the pattern.
+    with_index: bool,
+}
+
+impl Case for RedisCase<'_> {
+    fn adapter(&self) -> &dyn Adapter {
+        self.adapter.adapter.as_ref()
+    }
+    fn snapshot(&self) -> Vec<Row> {
+        let mut nodes = self.space.nodes.borrow_mut();
+        // Keys by name: during a slot migration a key can show up on two nodes' SCANs.
+        let mut keys = std::collections::BTreeSet::new();
+        for node in nodes.primaries().unwrap() {
+            let mut cursor = b"0".to_vec();
+            let pattern = format!("{}:*", self.space.prefix);
+            loop {
+                let r = nodes
+                    .conn(&node)
+                    .unwrap()
+                    .call(&[
+                        b"SCAN",
+                        &cursor,
+                        b"MATCH",
+                        pattern.as_bytes(),
+                        b"COUNT",
+                        b"1000",
+                    ])
+                    .unwrap();
+                let a = r.array().unwrap();
+                cursor = a[0].bytes().unwrap().to_vec();
+                keys.extend(
+                    a[1].array()
+                        .unwrap()
+                        .iter()
+                        .map(|k| k.bytes().unwrap().to_vec()),
+                );
+                if cursor == b"0" {
+                    break;
+                }
+            }
+        }
+        let mut rows = Vec::new();
+        for k in keys {
+            // Through `keyed`, which follows MOVED and ASK.
+            let Some(dump) = nodes
+                .keyed(&k, &[b"DUMP", &k])
+                .unwrap()
+                .bytes()
+                .map(<[u8]>::to_vec)
+            else {
+                continue;
+            };
+            let ttl = nodes.keyed(&k, &[b"PTTL", &k]).unwrap().int().unwrap() > 0;
+            let is_index = k.starts_with(format!("{}:idx:", self.space.prefix).as_bytes());
+            let owner = match self.space.owners.get(&k) {
+                Some(o) if self.with_index || !is_index => o.clone(),
+                _ => (String::new(), String::new()),
+            };
+            let mut bytes = k.clone();
+            bytes.extend(dump);
+            bytes.push(ttl as u8);
+            rows.push(Row {
+                table: "redis".into(),
+                bytes,
+                owner,
+            });
+        }
+        rows.sort();
+        rows
+    }
+}
+
+fn subject(t: &str, s: &str) -> Scope {
+    Scope::Subject {
+        tenant: Tenant::new(t).unwrap(),
+        subject: Subject::new(s).unwrap(),
+    }
+}
+
+const SUBJECTS: [(&str, &str); 9] = [
+    ("acme", "alice"),
+    ("acme", "a?ice"),
+    ("acme", "a*"),
+    ("acme", "[a]lice"),
+    ("acme", "al\\ice"),
+    ("acme", "u1"),
+    ("acme", "u10"),
+    ("acmex", "alice"),
+    ("acme", "zoë 用户"),
+];
+
+fn each_subject_erased_exactly(cluster: bool, mode: &str) {
+    for (t, s) in SUBJECTS {
+        let mut space = Space::new(cluster);
+        for (t2, s2) in SUBJECTS {
+            space.seed(t2, s2);
+        }
+        let me = (t.to_string(), s.to_string());
+        let case = RedisCase {
+            space: &space,
+            adapter: space.target(mode),
+            with_index: mode == "index",
+        };
+        let out = conformance::run(&case, &subject(t, s), &|o| *o == me, 3);
+        let expected = if mode == "index" { 8 } else { 7 };
+        assert_eq!(
+            out.inventoried,
+            expected,
+            "every key type, the TTL key{}",
+            if mode == "index" {
+                " and the index set"
+            } else {
+                ""
+            }
+        );
+        cleanup(&space);
+    }
+}
+
+fn cleanup(space: &Space) {
+    let case = RedisCase {
+        space,
+        adapter: space.target("scan"),
+        with_index: true,
+    };
+    let keys: Vec<Vec<u8>> = case.snapshot().into_iter().map(|r| r.bytes).collect();
+    drop(keys);
+    let mut nodes = space.nodes.borrow_mut();
+    let mut found = Vec::new();
+    for node in nodes.primaries().unwrap() {
+        let pattern = format!("{}:*", space.prefix);
+        let mut cursor = b"0".to_vec();
+        loop {
+            let r = nodes
+                .conn(&node)
+                .unwrap()
+                .call(&[
+                    b"SCAN",
+                    &cursor,
+                    b"MATCH",
+                    pattern.as_bytes(),
+                    b"COUNT",
+                    b"1000",
+                ])
+                .unwrap();
+            let a = r.array().unwrap().to_vec();
+            cursor = a[0].bytes().unwrap().to_vec();
+            found.extend(
+                a[1].array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| k.bytes().unwrap().to_vec()),
+            );
+            if cursor == b"0" {
+                break;
+            }
+        }
+    }
+    for k in found {
+        nodes.keyed(&k, &[b"UNLINK", &k]).unwrap();
+    }
+}
+
+#[test]
+fn standalone_scan_mode_erases_exactly_with_glob_identifiers() {
+    each_subject_erased_exactly(false, "scan");
+}
+
+#[test]
+fn standalone_index_mode_erases_exactly() {
+    each_subject_erased_exactly(false, "index");
+}
+
+#[test]
+fn cluster_scan_mode_erases_exactly_on_every_primary() {
+    each_subject_erased_exactly(true, "scan");
+}
+
+#[test]
+fn cluster_index_mode_erases_exactly() {
+    each_subject_erased_exactly(true, "index");
+}
+
+#[test]
+fn index_and_scan_modes_find_the_same_keys() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        for (t, s) in SUBJECTS {
+            space.seed(t, s);
+        }
+        let scope = subject("acme", "alice");
+        let scan = space.target("scan").adapter.inventory(&scope).unwrap();
+        let index = space.target("index").adapter.inventory(&scope).unwrap();
+        let keys = |i: &crate::Inventory| {
+            i.locators
+                .iter()
+                .filter(|(l, _)| l.starts_with("k:"))
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&scan), keys(&index));
+        assert_eq!(keys(&scan).len(), 7);
+        cleanup(&space);
+    }
+}
+
+#[test]
+fn tenant_scope_spares_the_prefix_neighbour_tenant() {
+    let mut space = Space::new(true);
+    for (t, s) in SUBJECTS {
+        space.seed(t, s);
+    }
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target("scan"),
+        with_index: false,
+    };
+    let out = conformance::run(
+        &case,
+        &Scope::Tenant {
+            tenant: Tenant::new("acme").unwrap(),
+        },
+        &|o| o.0 == "acme",
+        10,
+    );
+    assert_eq!(out.inventoried, 7 * 8);
+    cleanup(&space);
+}
+
+#[test]
+fn identifiers_holding_the_separator_are_refused_touching_nothing() {
+    let space = Space::new(false);
+    let t = space.target("scan");
+    for scope in [subject("acme", "eu:bob"), subject("acme:eu", "bob")] {
+        match t.adapter.check_scope(&scope) {
+            Err(AdapterError::Inexpressible { why, .. }) => {
+                assert!(why.contains("':'") && !why.contains("bob"), "{why}")
+            }
+            other => panic!("expected Inexpressible, got {other:?}"),
+        }
+    }
+    // The hash-tagged index layout lets a tenant hold ':' there, but the pattern still refuses it.
+    assert!(space
+        .target("index")
+        .adapter
+        .check_scope(&subject("acme:eu", "bob"))
+        .is_err());
+}
+
+#[test]
+fn memory_scope_unlinks_one_key_and_tidies_the_index() {
+    let mut space = Space::new(true);
+    space.seed("acme", "alice");
+    space.seed("acme", "bob");
+    let scope = Scope::Memory {
+        tenant: Tenant::new("acme").unwrap(),
+        subject: Subject::new("alice").unwrap(),
+        memory: MemoryId::new("hash").unwrap(),
+        version: None,
+    };
+    let t = space.target("index");
+    assert_eq!(
+        t.adapter.check_scope(&scope).unwrap(),
+        Applicability::Applies
+    );
+    let inv = t.adapter.inventory(&scope).unwrap();
+    assert_eq!(inv.count, 1);
+    assert_eq!(t.adapter.erase_batch(&scope, &inv.locators).unwrap(), 1);
+    assert_eq!(t.adapter.verify(&scope, &inv.locators).unwrap(), 0);
+    let left = t.adapter.inventory(&subject("acme", "alice")).unwrap();
+    assert_eq!(
+        left.count,
+        6 + 1,
+        "the other six keys and the index set stay"
+    );
+    let members = space
+        .cmd(&[b"SCARD", space.index_key("acme", "alice").as_bytes()])
+        .int()
+        .unwrap();
+    assert_eq!(members, 6, "the index no longer lists the erased key");
+    cleanup(&space);
+}
+
+#[test]
+fn a_node_that_does_not_answer_is_retryable() {
+    let t = crate::build(
+        1,
+        toml::from_str("name = \"c\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:1\"\npattern = \"{tenant}:{subject}:*\"\ntimeout_ms = 500\n").unwrap(),
+        std::path::Path::new("."),
+    )
+    .unwrap();
+    match t.adapter.inventory(&subject("acme", "alice")) {
+        Err(e @ AdapterError::Unavailable { .. }) => assert!(e.is_retryable()),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+fn scripts_redis(args: &[&str]) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis");
+    let out = std::process::Command::new(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/redis {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn cluster_erase_follows_ask_redirects_while_its_slot_migrates() {
+    // A hash-tagged layout puts every key of tenant `mig` in one slot. After the inventory,
+    // part of that slot moves to another primary and the slot is left migrating: the source
+    // answers -ASK for the moved keys, and the erase must follow it to the importing node.
+    let mut space = Space::new(true);
+    let layout = |p: &str| format!("{p}:{{{{tenant}}}}:{{subject}}:*");
+    let text = format!(
+        "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\nnodes = [{}]\npattern = \"{}\"\nscan_count = 5\n",
+        cluster_nodes().iter().map(|n| format!("\"{n}\"")).collect::<Vec<_>>().join(", "),
+        layout(&space.prefix)
+    );
+    let target =
+        crate::build(1, toml::from_str(&text).unwrap(), std::path::Path::new(".")).unwrap();
+    for s in ["alice", "bob"] {
+        for i in 0..20 {
+            let key = format!("{}:{{mig}}:{s}:k{i}", space.prefix);
+            space.cmd(&[b"SET", key.as_bytes(), s.as_bytes()]);
+            space
+                .owners
+                .insert(key.into_bytes(), ("mig".into(), s.into()));
+        }
+    }
+    let sample = format!("{}:{{mig}}:alice:k0", space.prefix);
+    let slot = scripts_redis(&["keyslot", &sample]).trim().to_string();
+    let from: u16 = scripts_redis(&["slot-owner", "--slot", &slot])
+        .trim()
+        .parse()
+        .unwrap();
+    let to = cluster_nodes()
+        .iter()
+        .map(|u| addr(u).1)
+        .find(|p| *p != from)
+        .unwrap();
+    let scope = subject("mig", "alice");
+    let case = RedisCase {
+        space: &space,
+        adapter: target,
+        with_index: false,
+    };
+    let before = case.snapshot();
+    let inv = case.adapter.adapter.inventory(&scope).unwrap();
+    assert_eq!(inv.count, 20);
+    // 30 of the slot's 40 keys move: whatever order they leave in, at least 10 are alice's.
+    let line = scripts_redis(&["migrate-slot", &slot, &to.to_string(), "--partial", "30"]);
+    assert!(line.contains("state=migrating"), "{line}");
+    // The precondition, asked of the source node itself (no redirects followed): some of
+    // alice's keys now answer -ASK there.
+    let asks = {
+        let mut nodes = space.nodes.borrow_mut();
+        let source = ("127.0.0.1".to_string(), from);
+        (0..20)
+            .filter(|i| {
+                let key = format!("{}:{{mig}}:alice:k{i}", space.prefix);
+                matches!(nodes.conn(&source).unwrap().call(&[b"EXISTS", key.as_bytes()]).unwrap(), Reply::Error(e) if e.starts_with("ASK"))
+            })
+            .count()
+    };
+    assert!(
+        asks >= 10,
+        "only {asks} of alice's keys moved: the test would not exercise ASK"
+    );
+    let mut erased = 0;
+    for batch in inv.locators.chunks(4) {
+        erased += case.adapter.adapter.erase_batch(&scope, batch).unwrap();
+    }
+    assert_eq!(erased, 20, "every key unlinked, on whichever node held it");
+    scripts_redis(&["migrate-slot", &slot, &to.to_string(), "--finish"]);
+    assert_eq!(
+        case.adapter.adapter.verify(&scope, &inv.locators).unwrap(),
+        0
+    );
+    let kept: Vec<Row> = before
+        .into_iter()
+        .filter(|r| r.owner.1 != "alice")
+        .collect();
+    assert_eq!(
+        case.snapshot(),
+        kept,
+        "bob's keys are byte-identical, wherever the slot went"
+    );
+    cleanup(&space);
+}
