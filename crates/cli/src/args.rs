@@ -122,6 +122,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run the jobs other processes left unfinished (killed mid-job): with a PostgreSQL journal,
+    /// each is claimed FOR UPDATE SKIP LOCKED, so several `lethe work` share them safely.
+    Work {
+        /// Seconds to wait for undrained permits.
+        #[arg(long, default_value_t = 30)]
+        drain_timeout: u64,
+        /// Print JSON: a list in the `erase --json` shape.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show or verify a certificate.
     Certificate {
         #[command(subcommand)]

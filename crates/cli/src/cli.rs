@@ -317,6 +317,36 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             print_outcome(&o, json);
             Ok(outcome_code(&o))
         }
+        Command::Work {
+            drain_timeout,
+            json,
+        } => {
+            let engine = open_engine(&config)?;
+            let opts = RunOptions {
+                drain_timeout: Duration::from_secs(drain_timeout),
+                pause_at: pause_from_env(),
+                reinventory: false,
+            };
+            let outs = engine.work(&opts, &mut progress_printer(progress_to(json)))?;
+            if json {
+                print_json(&json!(outs
+                    .iter()
+                    .map(|o| json!({"job_id": o.job_id, "state": o.state, "blocked_reason": o.blocked_reason,
+                        "blocked_target": o.blocked_target, "certificate": o.certificate}))
+                    .collect::<Vec<_>>()));
+            } else if outs.is_empty() {
+                println!("No unfinished job to pick up.");
+            } else {
+                for o in &outs {
+                    print_outcome(o, false);
+                }
+            }
+            Ok(if outs.iter().all(|o| o.state == JobState::Complete) {
+                0
+            } else {
+                3
+            })
+        }
         Command::Verify { scope, json } => {
             let scope = parse_scope(&scope)?;
             let engine = open_engine(&config)?;

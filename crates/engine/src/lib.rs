@@ -48,6 +48,9 @@ pub enum EngineError {
     /// A target could not be read (unreachable, locked, failing): worth retrying (exit 1).
     #[error("{0}; retry when the store is reachable")]
     Target(lethe_adapters::AdapterError),
+    /// Another Lethe process is running this job (exit 3).
+    #[error("job {0} is being run by another Lethe process; `lethe job show {0}` follows it")]
+    Claimed(String),
     /// Writing the certificate file failed.
     #[error("writing the certificate: {0}")]
     Io(#[from] std::io::Error),
@@ -59,6 +62,7 @@ impl EngineError {
         match self {
             EngineError::Input(_) => 2,
             EngineError::Held { .. } => 4,
+            EngineError::Claimed(_) => 3,
             _ => 1,
         }
     }

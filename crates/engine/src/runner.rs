@@ -147,6 +147,53 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
+        // One runner per job: on PostgreSQL a row lock that dies with this process's connection.
+        let _claim = self
+            .journal
+            .claim(job_id)?
+            .ok_or_else(|| EngineError::Claimed(job_id.to_string()))?;
+        self.run_claimed(job_id, opts, progress)
+    }
+
+    /// Runs, one after another, every job another process left in FROZEN, DELETING or
+    /// VERIFYING (it died, or was killed). On SQLite, jobs in those states are resumed.
+    pub fn work(
+        &self,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<Outcome>, EngineError> {
+        let mut out = Vec::new();
+        if self.journal.is_shared() {
+            while let Some(claim) = self.journal.claim_next()? {
+                tracing::info!(job = %claim.job_id, "Picked up an abandoned job.");
+                out.push(self.run_claimed(&claim.job_id, opts, progress)?);
+            }
+        } else {
+            let runnable: Vec<String> = self
+                .journal
+                .jobs()?
+                .into_iter()
+                .filter(|j| {
+                    matches!(
+                        j.state,
+                        JobState::Frozen | JobState::Deleting | JobState::Verifying
+                    )
+                })
+                .map(|j| j.job_id)
+                .collect();
+            for id in runnable {
+                out.push(self.run(&id, opts, progress)?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn run_claimed(
+        &self,
+        job_id: &str,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Outcome, EngineError> {
         loop {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));

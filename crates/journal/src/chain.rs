@@ -1,9 +1,10 @@
 //! The hash chain: append inside a transaction, verify from the start.
 //!
 //! Each entry's hash is SHA-256 over its format, sequence number, time, job, kind, body and the
-//! previous entry's hash. `lethe_meta.head` holds the last sequence number and hash, written in
-//! the same transaction as the entry, so deleting the newest entries is caught too. Verification
-//! also replays every job's transitions and compares them with the job table.
+//! previous entry's hash, each length-prefixed. `lethe_meta.head` holds the last sequence number
+//! and hash, written in the same transaction as the entry, so deleting the newest entries is
+//! caught too. Verification also replays every job's transitions and compares them with the job
+//! table.
 //!
 //! What it does not stop: someone with write access who recomputes the whole chain. Signed
 //! certificates, kept elsewhere, are the anchor against that.
@@ -11,11 +12,11 @@
 use std::collections::HashMap;
 
 use lethe_core::state::{transition, JobState};
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
 use sha2::{Digest, Sha256};
 
+use crate::db::{Tx, V};
 use crate::entry::Entry;
-use crate::{sql, Journal, JournalError, Result};
+use crate::{Journal, JournalError, Result};
 
 /// The entry format written now.
 pub const FORMAT: i64 = 1;
@@ -46,37 +47,39 @@ fn entry_hash(
     hex::encode(h.finalize())
 }
 
-/// Appends `entry` inside `tx`. Returns its sequence number.
-pub(crate) fn append(
-    tx: &Transaction<'_>,
-    at: &str,
-    job: Option<&str>,
-    entry: &Entry,
-) -> Result<i64> {
-    let head: Option<(i64, String)> = tx
-        .query_row(
+pub(crate) fn db(e: String) -> JournalError {
+    JournalError::Db {
+        store: "(control database)".into(),
+        message: e,
+    }
+}
+
+/// Appends `entry` inside `tx` (which holds the write lock). Returns its sequence number.
+pub(crate) fn append(tx: &mut dyn Tx, at: &str, job: Option<&str>, entry: &Entry) -> Result<i64> {
+    let head = tx
+        .row(
             "SELECT seq, hash FROM journal ORDER BY seq DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            &[],
         )
-        .optional()
-        .map_err(sql)?;
-    let (prev_seq, prev_hash) = head.unwrap_or((0, GENESIS.to_string()));
+        .map_err(db)?;
+    let (prev_seq, prev_hash) = match head {
+        Some(r) => (r[0].i().unwrap_or(0), r[1].text()),
+        None => (0, GENESIS.to_string()),
+    };
     let seq = prev_seq + 1;
     let kind = entry.kind();
     let body = serde_json::to_string(entry).map_err(|e| JournalError::Corrupt(e.to_string()))?;
     let hash = entry_hash(&prev_hash, seq, FORMAT, at, job, &kind, &body);
-    tx.execute(
-        "INSERT INTO journal (seq, format, at, job_id, kind, body, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![seq, FORMAT, at, job, kind, body, prev_hash, hash],
+    tx.exec(
+        "INSERT INTO journal (seq, format, at, job_id, kind, body, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        &[V::I(seq), V::I(FORMAT), at.into(), job.into(), kind.into(), body.into(), prev_hash.into(), hash.clone().into()],
     )
-    .map_err(sql)?;
-    tx.execute(
-        "INSERT INTO lethe_meta (k, v) VALUES ('head', ?1) ON CONFLICT (k) DO UPDATE SET v = ?1",
-        [format!("{seq}:{hash}")],
+    .map_err(db)?;
+    tx.exec(
+        "INSERT INTO lethe_meta (k, v) VALUES ('head', $1) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        &[format!("{seq}:{hash}").into()],
     )
-    .map_err(sql)?;
+    .map_err(db)?;
     Ok(seq)
 }
 
@@ -98,28 +101,29 @@ impl ChainReport {
     }
 }
 
-fn verify_conn(conn: &Connection) -> Result<ChainReport> {
+fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     let mut problems = Vec::new();
-    let mut stmt = conn
-        .prepare(
+    let rows = tx
+        .rows(
             "SELECT seq, format, at, job_id, kind, body, prev_hash, hash FROM journal ORDER BY seq",
+            &[],
         )
-        .map_err(sql)?;
-    let mut rows = stmt.query([]).map_err(sql)?;
+        .map_err(db)?;
     let mut expected_seq = 1i64;
     let mut prev = GENESIS.to_string();
     let mut states: HashMap<String, JobState> = HashMap::new();
-    let mut entries = 0u64;
-    while let Some(r) = rows.next().map_err(sql)? {
-        let seq: i64 = r.get(0).map_err(sql)?;
-        let format: i64 = r.get(1).map_err(sql)?;
-        let at: String = r.get(2).map_err(sql)?;
-        let job: Option<String> = r.get(3).map_err(sql)?;
-        let kind: String = r.get(4).map_err(sql)?;
-        let body: String = r.get(5).map_err(sql)?;
-        let prev_hash: String = r.get(6).map_err(sql)?;
-        let hash: String = r.get(7).map_err(sql)?;
-        entries += 1;
+    let entries = rows.len() as u64;
+    for r in rows {
+        let seq = r[0].i().unwrap_or(-1);
+        let format = r[1].i().unwrap_or(-1);
+        let (at, job, kind, body, prev_hash, hash) = (
+            r[2].text(),
+            r[3].t().map(str::to_owned),
+            r[4].text(),
+            r[5].text(),
+            r[6].text(),
+            r[7].text(),
+        );
         if seq != expected_seq {
             problems.push(format!(
                 "entry {expected_seq} is missing (next found is {seq})"
@@ -160,12 +164,10 @@ fn verify_conn(conn: &Connection) -> Result<ChainReport> {
         prev = hash;
         expected_seq = seq + 1;
     }
-    let head: Option<String> = conn
-        .query_row("SELECT v FROM lethe_meta WHERE k = 'head'", [], |r| {
-            r.get(0)
-        })
-        .optional()
-        .map_err(sql)?;
+    let head = tx
+        .row("SELECT v FROM lethe_meta WHERE k = 'head'", &[])
+        .map_err(db)?
+        .map(|r| r[0].text());
     let last = format!("{}:{}", expected_seq - 1, prev);
     match head {
         Some(h) if h != last => problems.push(format!(
@@ -176,16 +178,12 @@ fn verify_conn(conn: &Connection) -> Result<ChainReport> {
         None if entries > 0 => problems.push("the head record is missing".into()),
         _ => {}
     }
-    let mut stmt = conn
-        .prepare("SELECT job_id, state FROM jobs ORDER BY job_id")
-        .map_err(sql)?;
-    let jobs: Vec<(String, String)> = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .map_err(sql)?
-        .collect::<rusqlite::Result<_>>()
-        .map_err(sql)?;
-    for (job, state) in &jobs {
-        match states.get(job) {
+    let jobs = tx
+        .rows("SELECT job_id, state FROM jobs ORDER BY job_id", &[])
+        .map_err(db)?;
+    for r in &jobs {
+        let (job, state) = (r[0].text(), r[1].text());
+        match states.get(&job) {
             Some(s) if s.as_str() == state => {}
             Some(s) => problems.push(format!(
                 "job {job} is {state} in the job table but {s} in the journal"
@@ -205,26 +203,22 @@ fn verify_conn(conn: &Connection) -> Result<ChainReport> {
 impl Journal {
     /// Walks the whole chain and replays every job. Read-only.
     pub fn verify_chain(&self) -> Result<ChainReport> {
-        self.read(verify_conn)
+        self.read(verify_tx)
     }
-}
 
-impl Journal {
     /// A job's entries, oldest first.
     pub fn entries(&self, job_id: &str) -> Result<Vec<Entry>> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare("SELECT body FROM journal WHERE job_id = ?1 ORDER BY seq")
-                .map_err(sql)?;
-            let bodies = stmt
-                .query_map([job_id], |r| r.get::<_, String>(0))
-                .map_err(sql)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(sql)?;
-            bodies
-                .iter()
-                .map(|b| serde_json::from_str(b).map_err(|e| JournalError::Corrupt(e.to_string())))
-                .collect()
+        self.read(|tx| {
+            tx.rows(
+                "SELECT body FROM journal WHERE job_id = $1 ORDER BY seq",
+                &[job_id.into()],
+            )
+            .map_err(db)?
+            .iter()
+            .map(|r| {
+                serde_json::from_str(&r[0].text()).map_err(|e| JournalError::Corrupt(e.to_string()))
+            })
+            .collect()
         })
     }
 }

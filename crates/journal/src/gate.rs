@@ -12,12 +12,13 @@
 //!   issued for the scope.
 
 use lethe_core::{MemoryId, Scope, Subject, Tenant, Version};
-use rusqlite::{params, OptionalExtension, Transaction};
 use time::OffsetDateTime;
 
+use crate::chain::db;
+use crate::db::{Tx, V};
 use crate::entry::Entry;
 use crate::jobs::{apply, load_job};
-use crate::{sql, Journal, Result};
+use crate::{Journal, Result};
 
 /// Why the gate refused. Stable codes; no identifiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -101,33 +102,39 @@ fn millis(t: OffsetDateTime) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-fn epoch_of(tx: &rusqlite::Connection, tenant: &str, subject: &str) -> rusqlite::Result<u64> {
-    tx.query_row(
-        "SELECT epoch FROM epochs WHERE tenant = ?1 AND subject = ?2",
-        params![tenant, subject],
-        |r| r.get::<_, i64>(0),
-    )
-    .optional()
-    .map(|e| e.unwrap_or(0) as u64)
+fn epoch_of(tx: &mut dyn Tx, tenant: &str, subject: &str) -> Result<u64> {
+    Ok(tx
+        .row(
+            "SELECT epoch FROM epochs WHERE tenant = $1 AND subject = $2",
+            &[tenant.into(), subject.into()],
+        )
+        .map_err(db)?
+        .and_then(|r| r[0].i())
+        .unwrap_or(0) as u64)
 }
 
-fn bump(tx: &Transaction<'_>, tenant: &str, subject: &str) -> rusqlite::Result<u64> {
-    tx.query_row(
-        "INSERT INTO epochs (tenant, subject, epoch) VALUES (?1, ?2, 1)
-         ON CONFLICT (tenant, subject) DO UPDATE SET epoch = epoch + 1
-         RETURNING epoch",
-        params![tenant, subject],
-        |r| r.get::<_, i64>(0),
-    )
-    .map(|e| e as u64)
+fn bump(tx: &mut dyn Tx, tenant: &str, subject: &str) -> Result<u64> {
+    Ok(tx
+        .one(
+            "INSERT INTO epochs (tenant, subject, epoch) VALUES ($1, $2, 1)
+             ON CONFLICT (tenant, subject) DO UPDATE SET epoch = epochs.epoch + 1
+             RETURNING epoch",
+            &[tenant.into(), subject.into()],
+        )
+        .map_err(db)?
+        .i()
+        .unwrap_or(0) as u64)
 }
 
-fn is_fenced(tx: &rusqlite::Connection, tenant: &str, subject: &str) -> rusqlite::Result<bool> {
-    tx.query_row(
-        "SELECT EXISTS (SELECT 1 FROM fences WHERE tenant = ?1 AND subject IN (?2, ''))",
-        params![tenant, subject],
-        |r| r.get(0),
-    )
+fn is_fenced(tx: &mut dyn Tx, tenant: &str, subject: &str) -> Result<bool> {
+    Ok(tx
+        .one(
+            "SELECT EXISTS (SELECT 1 FROM fences WHERE tenant = $1 AND subject IN ($2, ''))",
+            &[tenant.into(), subject.into()],
+        )
+        .map_err(db)?
+        .i()
+        == Some(1))
 }
 
 impl Journal {
@@ -143,25 +150,26 @@ impl Journal {
     ) -> Result<Lease> {
         let (t, s) = (tenant.as_str(), subject.as_str());
         self.write(|tx| {
-            if is_fenced(tx, t, s).map_err(sql)? {
+            if is_fenced(tx, t, s)? {
                 return Err(GateError::Fenced.into());
             }
-            let epoch = epoch_of(tx, t, s).map_err(sql)?;
-            let tenant_epoch = epoch_of(tx, t, "").map_err(sql)?;
+            let epoch = epoch_of(tx, t, s)?;
+            let tenant_epoch = epoch_of(tx, t, "")?;
             let expires = millis(now) + ttl.as_millis() as i64;
-            tx.execute(
-                "INSERT INTO leases (tenant, subject, epoch, tenant_epoch, expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![t, s, epoch as i64, tenant_epoch as i64, expires],
-            )
-            .map_err(sql)?;
-            let id = tx.last_insert_rowid();
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO lease_reads (lease_id, memory_id, version) VALUES (?1, ?2, ?3)",
+            let id = tx
+                .one(
+                    "INSERT INTO leases (tenant, subject, epoch, tenant_epoch, expires_ms) VALUES ($1, $2, $3, $4, $5) RETURNING lease_id",
+                    &[t.into(), s.into(), epoch.into(), tenant_epoch.into(), V::I(expires)],
                 )
-                .map_err(sql)?;
+                .map_err(db)?
+                .i()
+                .unwrap_or(0);
             for (m, v) in reads {
-                ins.execute(params![id, m.as_str(), v.as_str()]).map_err(sql)?;
+                tx.exec(
+                    "INSERT INTO lease_reads (lease_id, memory_id, version) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[V::I(id), m.as_str().into(), v.as_str().into()],
+                )
+                .map_err(db)?;
             }
             Ok(Lease { id, epoch, tenant_epoch })
         })
@@ -171,60 +179,56 @@ impl Journal {
     /// boundary ends, then [`Journal::release_permit`].
     pub fn take_permit(&self, now: OffsetDateTime, lease: i64, sink: Sink) -> Result<Permit> {
         self.write(|tx| {
-            let row: Option<(String, String, i64, i64, i64, Option<String>)> = tx
-                .query_row(
-                    "SELECT tenant, subject, epoch, tenant_epoch, expires_ms, revoked_by FROM leases WHERE lease_id = ?1",
-                    [lease],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
-                )
-                .optional()
-                .map_err(sql)?;
-            let Some((t, s, epoch, tenant_epoch, expires, revoked)) = row else {
-                return Err(GateError::NoSuchLease.into());
-            };
-            if revoked.is_some() {
+            let row = tx
+                .row("SELECT tenant, subject, epoch, tenant_epoch, expires_ms, revoked_by FROM leases WHERE lease_id = $1", &[V::I(lease)])
+                .map_err(db)?;
+            let Some(r) = row else { return Err(GateError::NoSuchLease.into()) };
+            let (t, s) = (r[0].text(), r[1].text());
+            if r[5].t().is_some() {
                 return Err(GateError::Revoked.into());
             }
-            if expires <= millis(now) {
+            if r[4].i().unwrap_or(0) <= millis(now) {
                 return Err(GateError::Expired.into());
             }
-            if epoch as u64 != epoch_of(tx, &t, &s).map_err(sql)?
-                || tenant_epoch as u64 != epoch_of(tx, &t, "").map_err(sql)?
-            {
+            if r[2].i().unwrap_or(-1) as u64 != epoch_of(tx, &t, &s)? || r[3].i().unwrap_or(-1) as u64 != epoch_of(tx, &t, "")? {
                 return Err(GateError::StaleEpoch.into());
             }
-            if is_fenced(tx, &t, &s).map_err(sql)? {
+            if is_fenced(tx, &t, &s)? {
                 return Err(GateError::Fenced.into());
             }
-            let tombstoned: bool = tx
-                .query_row(
+            let tombstoned = tx
+                .one(
                     "SELECT EXISTS (SELECT 1 FROM lease_reads r JOIN tombstones t
                        ON t.memory_id = r.memory_id AND t.version = r.version
-                      WHERE r.lease_id = ?1 AND t.tenant = ?2 AND t.subject = ?3)",
-                    params![lease, t, s],
-                    |r| r.get(0),
+                      WHERE r.lease_id = $1 AND t.tenant = $2 AND t.subject = $3)",
+                    &[V::I(lease), t.as_str().into(), s.as_str().into()],
                 )
-                .map_err(sql)?;
+                .map_err(db)?
+                .i()
+                == Some(1);
             if tombstoned {
                 return Err(GateError::Tombstoned.into());
             }
-            tx.execute(
-                "INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES (?1, ?2, 'active', ?3)",
-                params![lease, sink.as_str(), millis(now)],
-            )
-            .map_err(sql)?;
-            Ok(Permit { id: tx.last_insert_rowid() })
+            let id = tx
+                .one(
+                    "INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES ($1, $2, 'active', $3) RETURNING permit_id",
+                    &[V::I(lease), sink.as_str().into(), V::I(millis(now))],
+                )
+                .map_err(db)?
+                .i()
+                .unwrap_or(0);
+            Ok(Permit { id })
         })
     }
 
     fn end_permit(&self, permit: i64, state: &str) -> Result<()> {
         self.write(|tx| {
             let n = tx
-                .execute(
-                    "UPDATE permits SET state = ?2 WHERE permit_id = ?1 AND state = 'active'",
-                    params![permit, state],
+                .exec(
+                    "UPDATE permits SET state = $2 WHERE permit_id = $1 AND state = 'active'",
+                    &[V::I(permit), state.into()],
                 )
-                .map_err(sql)?;
+                .map_err(db)?;
             if n == 0 {
                 return Err(GateError::NoSuchPermit.into());
             }
@@ -245,15 +249,17 @@ impl Journal {
 
     /// Whether a lease was revoked. Runtimes poll this (the push stream comes with the HTTP gate).
     pub fn is_revoked(&self, lease: i64) -> Result<bool> {
-        self.read(|c| {
-            c.query_row(
-                "SELECT revoked_by IS NOT NULL FROM leases WHERE lease_id = ?1",
-                [lease],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(sql)?
-            .ok_or_else(|| GateError::NoSuchLease.into())
+        self.read(|tx| {
+            let r = tx
+                .row(
+                    "SELECT revoked_by FROM leases WHERE lease_id = $1",
+                    &[V::I(lease)],
+                )
+                .map_err(db)?;
+            match r {
+                Some(r) => Ok(r[0].t().is_some()),
+                None => Err(GateError::NoSuchLease.into()),
+            }
         })
     }
 
@@ -263,76 +269,65 @@ impl Journal {
         self.write(|tx| {
             let job = load_job(tx, job_id)?;
             let t = job.scope.tenant().as_str().to_string();
-            // Leases affected, as a SQL condition on `leases l` over the CTE `p`:
-            // p.a = tenant, p.b = subject, p.c = memory, p.d = version.
+            // The leases the freeze affects, as a condition on `leases l` with $1 = tenant,
+            // $2 = subject, $3 = memory, $4 = version.
             let (subject_epoch, tenant_epoch, affected, s, m, v) = match &job.scope {
                 Scope::Subject { subject, .. } => {
                     let s = subject.as_str().to_string();
-                    let e = bump(tx, &t, &s).map_err(sql)?;
-                    tx.execute("INSERT INTO fences (job_id, tenant, subject) VALUES (?1, ?2, ?3)", params![job_id, t, s])
-                        .map_err(sql)?;
-                    (Some(e), None, "l.tenant = (SELECT a FROM p) AND l.subject = (SELECT b FROM p)", s, String::new(), String::new())
+                    let e = bump(tx, &t, &s)?;
+                    tx.exec("INSERT INTO fences (job_id, tenant, subject) VALUES ($1, $2, $3)", &[job_id.into(), t.as_str().into(), s.as_str().into()])
+                        .map_err(db)?;
+                    (Some(e), None, "l.tenant = $1 AND l.subject = $2", s, String::new(), String::new())
                 }
                 Scope::Tenant { .. } => {
-                    let e = bump(tx, &t, "").map_err(sql)?;
-                    tx.execute("INSERT INTO fences (job_id, tenant, subject) VALUES (?1, ?2, '')", params![job_id, t])
-                        .map_err(sql)?;
-                    (None, Some(e), "l.tenant = (SELECT a FROM p)", String::new(), String::new(), String::new())
+                    let e = bump(tx, &t, "")?;
+                    tx.exec("INSERT INTO fences (job_id, tenant, subject) VALUES ($1, $2, '')", &[job_id.into(), t.as_str().into()])
+                        .map_err(db)?;
+                    (None, Some(e), "l.tenant = $1", String::new(), String::new(), String::new())
                 }
                 Scope::Memory { subject, memory, .. } => {
                     let s = subject.as_str().to_string();
                     let v = version.map(|v| v.as_str().to_string()).unwrap_or_default();
-                    tx.execute(
-                        "INSERT INTO tombstones (tenant, subject, memory_id, version, job_id) VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT DO NOTHING",
-                        params![t, s, memory.as_str(), v, job_id],
+                    tx.exec(
+                        "INSERT INTO tombstones (tenant, subject, memory_id, version, job_id) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                        &[t.as_str().into(), s.as_str().into(), memory.as_str().into(), v.as_str().into(), job_id.into()],
                     )
-                    .map_err(sql)?;
-                    let e = epoch_of(tx, &t, &s).map_err(sql)?;
+                    .map_err(db)?;
+                    let e = epoch_of(tx, &t, &s)?;
                     (
                         Some(e),
                         None,
-                        "l.tenant = (SELECT a FROM p) AND l.subject = (SELECT b FROM p)
-                         AND EXISTS (SELECT 1 FROM lease_reads r WHERE r.lease_id = l.lease_id
-                           AND r.memory_id = (SELECT c FROM p) AND r.version = (SELECT d FROM p))",
+                        "l.tenant = $1 AND l.subject = $2 AND EXISTS (SELECT 1 FROM lease_reads r
+                           WHERE r.lease_id = l.lease_id AND r.memory_id = $3 AND r.version = $4)",
                         s,
                         memory.as_str().to_string(),
                         v,
                     )
                 }
             };
-            // The four parameters are bound once through a CTE, whichever the condition uses.
-            let cond = affected;
+            // Every statement binds all four, whichever the condition uses; an unused one is
+            // referenced harmlessly so both dialects see every parameter.
+            let bind = "CAST($1 AS TEXT) IS NOT NULL AND CAST($2 AS TEXT) IS NOT NULL AND CAST($3 AS TEXT) IS NOT NULL AND CAST($4 AS TEXT) IS NOT NULL";
+            let params = [t.as_str().into(), s.as_str().into(), m.as_str().into(), v.as_str().into(), job_id.into()];
             let permits_to_drain = tx
-                .execute(
+                .exec(
                     &format!(
-                        "WITH p(a, b, c, d) AS (SELECT ?1, ?2, ?3, ?4)
-                         INSERT OR IGNORE INTO drain (job_id, permit_id)
-                         SELECT ?5, pm.permit_id FROM permits pm JOIN leases l ON l.lease_id = pm.lease_id
-                          WHERE pm.state = 'active' AND {cond}"
+                        "INSERT INTO drain (job_id, permit_id)
+                         SELECT $5, pm.permit_id FROM permits pm JOIN leases l ON l.lease_id = pm.lease_id
+                          WHERE pm.state = 'active' AND {bind} AND {affected}
+                         ON CONFLICT DO NOTHING"
                     ),
-                    params![t, s, m, v, job_id],
+                    &params,
                 )
-                .map_err(sql)? as u64;
+                .map_err(db)?;
             let revoked_leases = tx
-                .execute(
-                    &format!(
-                        "WITH p(a, b, c, d) AS (SELECT ?1, ?2, ?3, ?4)
-                         UPDATE leases AS l SET revoked_by = ?5 WHERE l.revoked_by IS NULL AND {cond}"
-                    ),
-                    params![t, s, m, v, job_id],
-                )
-                .map_err(sql)? as u64;
-            tx.execute(
-                "UPDATE jobs SET subject_epoch = ?2, tenant_epoch = ?3, tombstone_version = ?4 WHERE job_id = ?1",
-                params![
-                    job_id,
-                    subject_epoch.map(|e| e as i64),
-                    tenant_epoch.map(|e| e as i64),
-                    version.map(|v| v.as_str())
-                ],
+                .exec(&format!("UPDATE leases AS l SET revoked_by = $5 WHERE l.revoked_by IS NULL AND {bind} AND {affected}"), &params)
+                .map_err(db)?;
+            tx.exec(
+                "UPDATE jobs SET subject_epoch = $2, tenant_epoch = $3, tombstone_version = $4 WHERE job_id = $1",
+                &[job_id.into(), subject_epoch.into(), tenant_epoch.into(), version.map(|v| v.as_str()).into()],
             )
-            .map_err(sql)?;
+            .map_err(db)?;
             let freeze = Freeze { subject_epoch, tenant_epoch, revoked_leases, permits_to_drain };
             apply(
                 tx,
@@ -353,24 +348,24 @@ impl Journal {
     /// Permits found active at the job's freeze that are still neither released nor
     /// confirmed cancelled. Zero means drained.
     pub fn undrained(&self, job_id: &str) -> Result<u64> {
-        self.read(|c| {
-            c.query_row(
-                "SELECT count(*) FROM drain d JOIN permits p ON p.permit_id = d.permit_id
-                  WHERE d.job_id = ?1 AND p.state = 'active'",
-                [job_id],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as u64)
-            .map_err(sql)
+        self.read(|tx| {
+            Ok(tx
+                .one(
+                    "SELECT count(*) FROM drain d JOIN permits p ON p.permit_id = d.permit_id WHERE d.job_id = $1 AND p.state = 'active'",
+                    &[job_id.into()],
+                )
+                .map_err(db)?
+                .i()
+                .unwrap_or(0) as u64)
         })
     }
 
     /// The current epochs of a subject: (subject epoch, tenant epoch).
     pub fn epochs(&self, tenant: &Tenant, subject: &Subject) -> Result<(u64, u64)> {
-        self.read(|c| {
+        self.read(|tx| {
             Ok((
-                epoch_of(c, tenant.as_str(), subject.as_str()).map_err(sql)?,
-                epoch_of(c, tenant.as_str(), "").map_err(sql)?,
+                epoch_of(tx, tenant.as_str(), subject.as_str())?,
+                epoch_of(tx, tenant.as_str(), "")?,
             ))
         })
     }

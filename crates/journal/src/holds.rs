@@ -2,11 +2,10 @@
 //! REQUESTED, touching nothing, until it is released.
 
 use lethe_core::{Subject, Tenant};
-use rusqlite::params;
 
-use crate::chain::append;
+use crate::chain::{append, db};
 use crate::entry::Entry;
-use crate::{sql, Journal, Result};
+use crate::{Journal, Result};
 
 /// A legal hold.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -24,7 +23,7 @@ pub struct Hold {
 }
 
 impl Journal {
-    /// Places a hold. Returns its id.
+    /// Places a hold.
     pub fn add_hold(
         &self,
         at: &str,
@@ -35,11 +34,11 @@ impl Journal {
         scope_hash: &str,
     ) -> Result<()> {
         self.write(|tx| {
-            tx.execute(
-                "INSERT INTO holds (hold_id, tenant, subject, reason, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![hold_id, tenant.as_str(), subject.map(|s| s.as_str()), reason, at],
+            tx.exec(
+                "INSERT INTO holds (hold_id, tenant, subject, reason, created_at) VALUES ($1, $2, $3, $4, $5)",
+                &[hold_id.into(), tenant.as_str().into(), subject.map(|s| s.as_str()).into(), reason.into(), at.into()],
             )
-            .map_err(sql)?;
+            .map_err(db)?;
             append(tx, at, None, &Entry::HoldAdded { hold_id: hold_id.into(), scope_hash: scope_hash.into() })?;
             Ok(())
         })
@@ -53,20 +52,20 @@ impl Journal {
         subject: Option<&Subject>,
     ) -> Result<Vec<String>> {
         self.write(|tx| {
-            let mut stmt = tx
-                .prepare(
-                    "UPDATE holds SET released_at = ?3 WHERE released_at IS NULL AND tenant = ?1
-                       AND subject IS ?2 RETURNING hold_id",
+            let ids: Vec<String> = tx
+                .rows(
+                    "UPDATE holds SET released_at = $3 WHERE released_at IS NULL AND tenant = $1
+                       AND subject IS NOT DISTINCT FROM CAST($2 AS TEXT) RETURNING hold_id",
+                    &[
+                        tenant.as_str().into(),
+                        subject.map(|s| s.as_str()).into(),
+                        at.into(),
+                    ],
                 )
-                .map_err(sql)?;
-            let ids: Vec<String> = stmt
-                .query_map(
-                    params![tenant.as_str(), subject.map(|s| s.as_str()), at],
-                    |r| r.get(0),
-                )
-                .map_err(sql)?
-                .collect::<rusqlite::Result<_>>()
-                .map_err(sql)?;
+                .map_err(db)?
+                .into_iter()
+                .map(|r| r[0].text())
+                .collect();
             for id in &ids {
                 append(
                     tx,
@@ -83,27 +82,19 @@ impl Journal {
 
     /// Active holds, oldest first.
     pub fn holds(&self) -> Result<Vec<Hold>> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare(
-                    "SELECT hold_id, tenant, subject, reason, created_at FROM holds
-                      WHERE released_at IS NULL ORDER BY created_at, hold_id",
-                )
-                .map_err(sql)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok(Hold {
-                        hold_id: r.get(0)?,
-                        tenant: r.get(1)?,
-                        subject: r.get(2)?,
-                        reason: r.get(3)?,
-                        created_at: r.get(4)?,
-                    })
+        self.read(|tx| {
+            Ok(tx
+                .rows("SELECT hold_id, tenant, subject, reason, created_at FROM holds WHERE released_at IS NULL ORDER BY created_at, hold_id", &[])
+                .map_err(db)?
+                .into_iter()
+                .map(|r| Hold {
+                    hold_id: r[0].text(),
+                    tenant: r[1].text(),
+                    subject: r[2].t().map(str::to_owned),
+                    reason: r[3].t().map(str::to_owned),
+                    created_at: r[4].text(),
                 })
-                .map_err(sql)?
-                .collect::<rusqlite::Result<_>>()
-                .map_err(sql)?;
-            Ok(rows)
+                .collect())
         })
     }
 
@@ -114,21 +105,17 @@ impl Journal {
         tenant: &Tenant,
         subject: Option<&Subject>,
     ) -> Result<Vec<String>> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare(
-                    "SELECT hold_id FROM holds WHERE released_at IS NULL AND tenant = ?1
-                       AND (subject IS NULL OR ?2 IS NULL OR subject = ?2) ORDER BY hold_id",
+        self.read(|tx| {
+            Ok(tx
+                .rows(
+                    "SELECT hold_id FROM holds WHERE released_at IS NULL AND tenant = $1
+                       AND (subject IS NULL OR CAST($2 AS TEXT) IS NULL OR subject = CAST($2 AS TEXT)) ORDER BY hold_id",
+                    &[tenant.as_str().into(), subject.map(|s| s.as_str()).into()],
                 )
-                .map_err(sql)?;
-            let ids = stmt
-                .query_map(params![tenant.as_str(), subject.map(|s| s.as_str())], |r| {
-                    r.get(0)
-                })
-                .map_err(sql)?
-                .collect::<rusqlite::Result<_>>()
-                .map_err(sql)?;
-            Ok(ids)
+                .map_err(db)?
+                .into_iter()
+                .map(|r| r[0].text())
+                .collect())
         })
     }
 

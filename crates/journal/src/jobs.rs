@@ -1,14 +1,14 @@
-//! Jobs: created once per open scope, moved only by journaled events.
+//! Jobs: created once per open scope, moved only by journaled events, claimed while running.
 
 use hmac::{Hmac, Mac};
 use lethe_core::state::{transition, JobState};
 use lethe_core::{BlockedReason, Scope};
-use rusqlite::{params, OptionalExtension, Row, Transaction};
 use sha2::{Digest, Sha256};
 
-use crate::chain::append;
+use crate::chain::{append, db};
+use crate::db::{Row, Tx};
 use crate::entry::Entry;
-use crate::{sql, Journal, JournalError, Result};
+use crate::{Journal, JournalError, Result};
 
 /// A new job's request, as validated by the engine.
 #[derive(Clone, Debug)]
@@ -75,61 +75,48 @@ const JOB_COLUMNS: &str =
      policy_version, deadline, requested_at, updated_at, subject_epoch, tenant_epoch, \
      tombstone_version, certificate";
 
-fn job_from_row(r: &Row<'_>) -> rusqlite::Result<Result<JobRecord>> {
+fn job_from_row(r: &Row) -> Result<JobRecord> {
     let corrupt = |what: &str| JournalError::Corrupt(format!("job column {what}"));
-    let scope: String = r.get(2)?;
-    let state: String = r.get(3)?;
-    let reason: Option<String> = r.get(4)?;
-    let basis: String = r.get(6)?;
-    let cert: Option<String> = r.get(14)?;
-    Ok((|| {
-        Ok(JobRecord {
-            job_id: r.get(0).map_err(sql)?,
-            scope_hash: r.get(1).map_err(sql)?,
-            scope: serde_json::from_str(&scope).map_err(|_| corrupt("scope"))?,
-            state: JobState::parse(&state).ok_or_else(|| corrupt("state"))?,
-            blocked_reason: match reason {
-                Some(s) => Some(
-                    serde_json::from_value(serde_json::Value::String(s))
-                        .map_err(|_| corrupt("blocked_reason"))?,
-                ),
-                None => None,
-            },
-            blocked_target: r.get(5).map_err(sql)?,
-            basis: basis.parse().map_err(|_| corrupt("basis"))?,
-            policy_version: r.get(7).map_err(sql)?,
-            deadline: r.get(8).map_err(sql)?,
-            requested_at: r.get(9).map_err(sql)?,
-            updated_at: r.get(10).map_err(sql)?,
-            subject_epoch: r.get::<_, Option<i64>>(11).map_err(sql)?.map(|v| v as u64),
-            tenant_epoch: r.get::<_, Option<i64>>(12).map_err(sql)?.map(|v| v as u64),
-            tombstone_version: r.get(13).map_err(sql)?,
-            certificate: match cert {
-                Some(c) => Some(serde_json::from_str(&c).map_err(|_| corrupt("certificate"))?),
-                None => None,
-            },
-        })
-    })())
+    Ok(JobRecord {
+        job_id: r[0].text(),
+        scope_hash: r[1].text(),
+        scope: serde_json::from_str(&r[2].text()).map_err(|_| corrupt("scope"))?,
+        state: JobState::parse(&r[3].text()).ok_or_else(|| corrupt("state"))?,
+        blocked_reason: match r[4].t() {
+            Some(s) => Some(
+                serde_json::from_value(serde_json::Value::String(s.to_string()))
+                    .map_err(|_| corrupt("blocked_reason"))?,
+            ),
+            None => None,
+        },
+        blocked_target: r[5].t().map(str::to_owned),
+        basis: r[6].text().parse().map_err(|_| corrupt("basis"))?,
+        policy_version: r[7].text(),
+        deadline: r[8].text(),
+        requested_at: r[9].text(),
+        updated_at: r[10].text(),
+        subject_epoch: r[11].i().map(|v| v as u64),
+        tenant_epoch: r[12].i().map(|v| v as u64),
+        tombstone_version: r[13].t().map(str::to_owned),
+        certificate: match r[14].t() {
+            Some(c) => Some(serde_json::from_str(c).map_err(|_| corrupt("certificate"))?),
+            None => None,
+        },
+    })
 }
 
-pub(crate) fn load_job(tx: &rusqlite::Connection, job_id: &str) -> Result<JobRecord> {
-    tx.query_row(
-        &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = ?1"),
-        [job_id],
-        job_from_row,
-    )
-    .optional()
-    .map_err(sql)?
-    .ok_or_else(|| JournalError::NoSuchJob(job_id.to_string()))?
+pub(crate) fn load_job(tx: &mut dyn Tx, job_id: &str) -> Result<JobRecord> {
+    let row = tx
+        .row(
+            &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE job_id = $1"),
+            &[job_id.into()],
+        )
+        .map_err(db)?;
+    job_from_row(&row.ok_or_else(|| JournalError::NoSuchJob(job_id.to_string()))?)
 }
 
 /// Applies a transition entry to the job row and appends it, inside `tx`.
-pub(crate) fn apply(
-    tx: &Transaction<'_>,
-    at: &str,
-    job_id: &str,
-    entry: &Entry,
-) -> Result<JobState> {
+pub(crate) fn apply(tx: &mut dyn Tx, at: &str, job_id: &str, entry: &Entry) -> Result<JobState> {
     let job = load_job(tx, job_id)?;
     let mut state = job.state;
     if let Some(ev) = entry.event() {
@@ -141,12 +128,11 @@ pub(crate) fn apply(
             Entry::Blocked { reason, target, .. } => (Some(reason.as_str()), target.as_deref()),
             _ => (None, None),
         };
-        tx.execute(
-            "UPDATE jobs SET state = ?2, blocked_reason = ?3, blocked_target = ?4, updated_at = ?5
-             WHERE job_id = ?1",
-            params![job_id, state.as_str(), reason, target, at],
+        tx.exec(
+            "UPDATE jobs SET state = $2, blocked_reason = $3, blocked_target = $4, updated_at = $5 WHERE job_id = $1",
+            &[job_id.into(), state.as_str().into(), reason.into(), target.into(), at.into()],
         )
-        .map_err(sql)?;
+        .map_err(db)?;
     }
     append(tx, at, Some(job_id), entry)?;
     Ok(state)
@@ -168,39 +154,68 @@ pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
     format!("hmac:{}", hex::encode(h.finalize().into_bytes()))
 }
 
+/// The right to run a job, held until dropped. On PostgreSQL it is a row lock on the job's
+/// claim row, taken `FOR UPDATE SKIP LOCKED` in a transaction on its own connection: if the
+/// process dies, the connection drops and the claim with it. On SQLite (one process) it is a
+/// marker.
+pub struct Claim {
+    /// The open transaction on PostgreSQL, rolled back on drop.
+    pg: Option<postgres::Client>,
+    /// The claimed job.
+    pub job_id: String,
+}
+
+impl std::fmt::Debug for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claim")
+            .field("job_id", &self.job_id)
+            .finish()
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(c) = self.pg.as_mut() {
+            let _ = c.batch_execute("ROLLBACK");
+        }
+    }
+}
+
+/// States in which a job has work a process can pick up.
+const RUNNABLE: &str = "'FROZEN', 'DELETING', 'VERIFYING'";
+
 impl Journal {
     /// Creates a job, unless a job for the same scope is still open: then returns that one and
-    /// `false`. One transaction, so two operators asking at once get one job.
+    /// `false`. One transaction under the write lock, so two operators asking at once, from two
+    /// processes, get one job.
     pub fn create_job(&self, new: &NewJob) -> Result<(JobRecord, bool)> {
         self.write(|tx| {
-            let open: Option<String> = tx
-                .query_row(
-                    "SELECT job_id FROM jobs WHERE scope_hash = ?1 AND state <> 'COMPLETE'
-                     ORDER BY requested_at LIMIT 1",
-                    [&new.scope_hash],
-                    |r| r.get(0),
+            let open = tx
+                .row(
+                    "SELECT job_id FROM jobs WHERE scope_hash = $1 AND state <> 'COMPLETE' ORDER BY requested_at LIMIT 1",
+                    &[new.scope_hash.as_str().into()],
                 )
-                .optional()
-                .map_err(sql)?;
-            if let Some(id) = open {
-                return Ok((load_job(tx, &id)?, false));
+                .map_err(db)?;
+            if let Some(r) = open {
+                return Ok((load_job(tx, &r[0].text())?, false));
             }
             let scope = serde_json::to_string(&new.scope).map_err(|e| JournalError::Corrupt(e.to_string()))?;
-            tx.execute(
+            tx.exec(
                 &format!(
-                    "INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?1, ?2, ?3, 'REQUESTED', NULL, NULL, ?4, ?5, ?6, ?7, ?7, NULL, NULL, NULL, NULL)"
+                    "INSERT INTO jobs ({JOB_COLUMNS}) VALUES ($1, $2, $3, 'REQUESTED', NULL, NULL, $4, $5, $6, $7, $7, NULL, NULL, NULL, NULL)"
                 ),
-                params![
-                    new.job_id,
-                    new.scope_hash,
-                    scope,
-                    new.basis.as_str(),
-                    new.policy_version,
-                    new.deadline.to_string(),
-                    new.requested_at
+                &[
+                    new.job_id.as_str().into(),
+                    new.scope_hash.as_str().into(),
+                    scope.into(),
+                    new.basis.as_str().into(),
+                    new.policy_version.as_str().into(),
+                    new.deadline.to_string().into(),
+                    new.requested_at.as_str().into(),
                 ],
             )
-            .map_err(sql)?;
+            .map_err(db)?;
+            tx.exec("INSERT INTO job_claims (job_id) VALUES ($1)", &[new.job_id.as_str().into()]).map_err(db)?;
             append(
                 tx,
                 &new.requested_at,
@@ -219,6 +234,63 @@ impl Journal {
         })
     }
 
+    /// Claims a job to run it. `None`: another process holds it (PostgreSQL only).
+    pub fn claim(&self, job_id: &str) -> Result<Option<Claim>> {
+        let Some(mut c) = self.pg_connect()? else {
+            return Ok(Some(Claim {
+                pg: None,
+                job_id: job_id.to_string(),
+            }));
+        };
+        // Jobs created before claims existed get their row now.
+        c.execute(
+            "INSERT INTO job_claims (job_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&job_id],
+        )
+        .map_err(|e| self.db(e.to_string()))?;
+        c.batch_execute("BEGIN")
+            .map_err(|e| self.db(e.to_string()))?;
+        let got = c
+            .query(
+                "SELECT job_id FROM job_claims WHERE job_id = $1 FOR UPDATE SKIP LOCKED",
+                &[&job_id],
+            )
+            .map_err(|e| self.db(e.to_string()))?;
+        Ok((!got.is_empty()).then(|| Claim {
+            pg: Some(c),
+            job_id: job_id.to_string(),
+        }))
+    }
+
+    /// Claims the oldest job in FROZEN, DELETING or VERIFYING that no process is running
+    /// (a runner that died left it). `None` if there is none, or on SQLite.
+    pub fn claim_next(&self) -> Result<Option<Claim>> {
+        let Some(mut c) = self.pg_connect()? else {
+            return Ok(None);
+        };
+        c.batch_execute("BEGIN")
+            .map_err(|e| self.db(e.to_string()))?;
+        let got = c
+            .query(
+                &format!(
+                    "SELECT c.job_id FROM job_claims c JOIN jobs j ON j.job_id = c.job_id
+                      WHERE j.state IN ({RUNNABLE}) ORDER BY j.requested_at LIMIT 1 FOR UPDATE OF c SKIP LOCKED"
+                ),
+                &[],
+            )
+            .map_err(|e| self.db(e.to_string()))?;
+        Ok(got
+            .first()
+            .map(|r| Claim {
+                job_id: r.get(0),
+                pg: None,
+            })
+            .map(|mut claim| {
+                claim.pg = Some(c);
+                claim
+            }))
+    }
+
     /// Records an entry for a job; a transition entry moves the job through
     /// [`lethe_core::state::transition`] in the same transaction.
     pub fn record(&self, at: &str, job_id: &str, entry: &Entry) -> Result<JobState> {
@@ -227,23 +299,20 @@ impl Journal {
 
     /// One job.
     pub fn job(&self, job_id: &str) -> Result<JobRecord> {
-        self.read(|c| load_job(c, job_id))
+        self.read(|tx| load_job(tx, job_id))
     }
 
     /// Every job, oldest first.
     pub fn jobs(&self) -> Result<Vec<JobRecord>> {
-        self.read(|c| {
-            let mut stmt = c
-                .prepare(&format!(
-                    "SELECT {JOB_COLUMNS} FROM jobs ORDER BY requested_at, job_id"
-                ))
-                .map_err(sql)?;
-            let rows = stmt.query_map([], job_from_row).map_err(sql)?;
-            let mut out = Vec::new();
-            for r in rows {
-                out.push(r.map_err(sql)??);
-            }
-            Ok(out)
+        self.read(|tx| {
+            tx.rows(
+                &format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY requested_at, job_id"),
+                &[],
+            )
+            .map_err(db)?
+            .iter()
+            .map(job_from_row)
+            .collect()
         })
     }
 
@@ -255,37 +324,38 @@ impl Journal {
         job_id: &str,
         target: &str,
         count: u64,
-        locators: &[(String, u64)],
+        locators: &[Locator],
         digest_key: &[u8; 32],
     ) -> Result<()> {
         self.write(|tx| {
-            let done: Option<i64> = tx
-                .query_row(
-                    "SELECT inventoried FROM target_progress WHERE job_id = ?1 AND target = ?2",
-                    params![job_id, target],
-                    |r| r.get(0),
+            let done = tx
+                .row(
+                    "SELECT inventoried FROM target_progress WHERE job_id = $1 AND target = $2",
+                    &[job_id.into(), target.into()],
                 )
-                .optional()
-                .map_err(sql)?
-                .flatten();
+                .map_err(db)?
+                .and_then(|r| r[0].i());
             if done.is_some() {
                 return Ok(());
             }
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(sql)?;
             for (loc, rows) in locators {
-                ins.execute(params![job_id, target, loc, *rows as i64])
-                    .map_err(sql)?;
+                tx.exec(
+                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES ($1, $2, $3, $4)",
+                    &[
+                        job_id.into(),
+                        target.into(),
+                        loc.as_str().into(),
+                        (*rows).into(),
+                    ],
+                )
+                .map_err(db)?;
             }
-            tx.execute(
-                "INSERT INTO target_progress (job_id, target, inventoried) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (job_id, target) DO UPDATE SET inventoried = ?3",
-                params![job_id, target, count as i64],
+            tx.exec(
+                "INSERT INTO target_progress (job_id, target, inventoried) VALUES ($1, $2, $3)
+                 ON CONFLICT (job_id, target) DO UPDATE SET inventoried = excluded.inventoried",
+                &[job_id.into(), target.into(), count.into()],
             )
-            .map_err(sql)?;
+            .map_err(db)?;
             let entry = Entry::InventoryTaken {
                 target: target.to_string(),
                 count,
@@ -309,22 +379,20 @@ impl Journal {
         digest_key: &[u8; 32],
     ) -> Result<u64> {
         self.write(|tx| {
-            let mut ins = tx
-                .prepare_cached(
-                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (job_id, target, locator) DO UPDATE SET rows = rows + excluded.rows",
-                )
-                .map_err(sql)?;
             for (loc, rows) in locators {
-                ins.execute(params![job_id, target, loc, *rows as i64]).map_err(sql)?;
+                tx.exec(
+                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (job_id, target, locator) DO UPDATE SET rows = inventory.rows + excluded.rows",
+                    &[job_id.into(), target.into(), loc.as_str().into(), (*rows).into()],
+                )
+                .map_err(db)?;
             }
             let count: u64 = locators.iter().map(|(_, n)| n).sum();
-            tx.execute(
-                "UPDATE target_progress SET inventoried = inventoried + ?3, erased = NULL, residue = NULL
-                 WHERE job_id = ?1 AND target = ?2",
-                params![job_id, target, count as i64],
+            tx.exec(
+                "UPDATE target_progress SET inventoried = inventoried + $3, erased = NULL, residue = NULL WHERE job_id = $1 AND target = $2",
+                &[job_id.into(), target.into(), count.into()],
             )
-            .map_err(sql)?;
+            .map_err(db)?;
             let entry = Entry::InventoryExtended {
                 target: target.to_string(),
                 count,
@@ -338,25 +406,18 @@ impl Journal {
 
     /// A target's frozen inventory: its count and its locators, if taken.
     pub fn inventory(&self, job_id: &str, target: &str) -> Result<Option<(u64, Vec<Locator>)>> {
-        self.read(|c| {
-            let count: Option<i64> = c
-                .query_row(
-                    "SELECT inventoried FROM target_progress WHERE job_id = ?1 AND target = ?2",
-                    params![job_id, target],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(sql)?
-                .flatten();
+        self.read(|tx| {
+            let count = tx
+                .row("SELECT inventoried FROM target_progress WHERE job_id = $1 AND target = $2", &[job_id.into(), target.into()])
+                .map_err(db)?
+                .and_then(|r| r[0].i());
             let Some(count) = count else { return Ok(None) };
-            let mut stmt = c
-                .prepare("SELECT locator, rows FROM inventory WHERE job_id = ?1 AND target = ?2 ORDER BY locator")
-                .map_err(sql)?;
-            let locs = stmt
-                .query_map(params![job_id, target], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64)))
-                .map_err(sql)?
-                .collect::<rusqlite::Result<Vec<_>>>()
-                .map_err(sql)?;
+            let locs = tx
+                .rows("SELECT locator, rows FROM inventory WHERE job_id = $1 AND target = $2 ORDER BY locator", &[job_id.into(), target.into()])
+                .map_err(db)?
+                .into_iter()
+                .map(|r| (r[0].text(), r[1].i().unwrap_or(0) as u64))
+                .collect();
             Ok(Some((count as u64, locs)))
         })
     }
@@ -370,13 +431,14 @@ impl Journal {
         residue: Option<u64>,
     ) -> Result<()> {
         self.write(|tx| {
-            tx.execute(
-                "INSERT INTO target_progress (job_id, target, erased, residue) VALUES (?1, ?2, ?3, ?4)
+            tx.exec(
+                "INSERT INTO target_progress (job_id, target, erased, residue) VALUES ($1, $2, $3, $4)
                  ON CONFLICT (job_id, target) DO UPDATE SET
-                   erased = coalesce(?3, erased), residue = coalesce(?4, residue)",
-                params![job_id, target, erased.map(|v| v as i64), residue.map(|v| v as i64)],
+                   erased = coalesce(excluded.erased, target_progress.erased),
+                   residue = coalesce(excluded.residue, target_progress.residue)",
+                &[job_id.into(), target.into(), erased.into(), residue.into()],
             )
-            .map_err(sql)?;
+            .map_err(db)?;
             Ok(())
         })
     }
@@ -387,18 +449,14 @@ impl Journal {
         job_id: &str,
         target: &str,
     ) -> Result<(Option<u64>, Option<u64>, Option<u64>)> {
-        self.read(|c| {
-            c.query_row(
-                "SELECT inventoried, erased, residue FROM target_progress WHERE job_id = ?1 AND target = ?2",
-                params![job_id, target],
-                |r| {
-                    let g = |i| r.get::<_, Option<i64>>(i).map(|v| v.map(|v| v as u64));
-                    Ok((g(0)?, g(1)?, g(2)?))
-                },
-            )
-            .optional()
-            .map_err(sql)
-            .map(|o| o.unwrap_or((None, None, None)))
+        self.read(|tx| {
+            let r = tx
+                .row("SELECT inventoried, erased, residue FROM target_progress WHERE job_id = $1 AND target = $2", &[job_id.into(), target.into()])
+                .map_err(db)?;
+            Ok(match r {
+                Some(r) => (r[0].i().map(|v| v as u64), r[1].i().map(|v| v as u64), r[2].i().map(|v| v as u64)),
+                None => (None, None, None),
+            })
         })
     }
 
@@ -409,15 +467,15 @@ impl Journal {
             apply(tx, at, job_id, &Entry::VerifiedClean)?;
             let canonical = lethe_core::certificate::canonical_json(certificate);
             let digest = hex::encode(Sha256::digest(canonical.as_bytes()));
-            tx.execute(
-                "UPDATE jobs SET certificate = ?2 WHERE job_id = ?1",
-                params![job_id, certificate.to_string()],
+            tx.exec(
+                "UPDATE jobs SET certificate = $2 WHERE job_id = $1",
+                &[job_id.into(), certificate.to_string().into()],
             )
-            .map_err(sql)?;
-            tx.execute("DELETE FROM fences WHERE job_id = ?1", [job_id])
-                .map_err(sql)?;
-            tx.execute("DELETE FROM inventory WHERE job_id = ?1", [job_id])
-                .map_err(sql)?;
+            .map_err(db)?;
+            tx.exec("DELETE FROM fences WHERE job_id = $1", &[job_id.into()])
+                .map_err(db)?;
+            tx.exec("DELETE FROM inventory WHERE job_id = $1", &[job_id.into()])
+                .map_err(db)?;
             apply(
                 tx,
                 at,

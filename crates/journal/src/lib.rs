@@ -7,10 +7,12 @@
 //! - [`chain`]: appending and verifying the hash chain.
 //! - [`gate`]: leases, permits and the freeze. The freeze is one transaction: bump the epoch or
 //!   append the tombstone, close the fence, revoke the leases, journal it.
-//! - [`jobs`]: the job projection, driven by [`lethe_core::state::transition`].
+//! - [`jobs`]: the job projection, driven by [`lethe_core::state::transition`], and claims.
 //!
-//! The embedded backend is SQLite (WAL, `BEGIN IMMEDIATE` for every write, so several
-//! processes on one machine serialize correctly). PostgreSQL comes next behind the same API.
+//! Two backends behind one API, with the logic written once (`db`): SQLite (the embedded
+//! default: WAL, `BEGIN IMMEDIATE` for every write) and PostgreSQL (several Lethe processes
+//! share it: every write transaction takes one advisory lock; a running job is claimed with
+//! `FOR UPDATE SKIP LOCKED`, and the claim dies with its process's connection).
 //!
 //! What it never holds: memory content. It holds identifiers (the scope, needed to resume and
 //! to replay epochs into a restored backup) and, until a job completes, the locators of the
@@ -18,6 +20,7 @@
 //! keyed digest remains in the chain.
 
 pub mod chain;
+mod db;
 mod entry;
 pub mod gate;
 pub mod holds;
@@ -28,24 +31,23 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use db::{PgTx, SqliteTx, Tx};
 
 pub use entry::Entry;
 
 /// Errors of the control store. Messages never carry an identifier.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
-    /// The database failed (locked past the busy timeout, disk full, corrupt...).
-    #[error("control database {path}: {source}")]
+    /// The database failed (unreachable, locked past the busy timeout, disk full...).
+    #[error("control database {store}: {message}")]
     Db {
-        /// The database file.
-        path: String,
-        /// The driver's error.
-        #[source]
-        source: rusqlite::Error,
+        /// Which control database (a path, or a URL without its password).
+        store: String,
+        /// The driver's message.
+        message: String,
     },
     /// The journal URL is not one Lethe knows.
-    #[error("unsupported journal '{0}': use sqlite:PATH (postgres:// is not built yet)")]
+    #[error("unsupported journal '{0}': use sqlite:PATH or postgres://...")]
     UnsupportedUrl(String),
     /// No job with this id.
     #[error("no job {0}")]
@@ -70,40 +72,72 @@ pub enum JournalError {
 /// Shorthand for this crate's results.
 pub type Result<T, E = JournalError> = std::result::Result<T, E>;
 
+enum Backend {
+    Sqlite(Mutex<rusqlite::Connection>),
+    Postgres {
+        client: Mutex<postgres::Client>,
+        /// Kept to open a claim's own connection.
+        config: Box<postgres::Config>,
+    },
+}
+
 /// The control store. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Journal {
-    conn: Mutex<Connection>,
-    path: PathBuf,
+    backend: Backend,
+    /// For messages: a path, or a URL without its password.
+    shown: String,
 }
 
 impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Journal").field("path", &self.path).finish()
+        f.debug_struct("Journal")
+            .field("store", &self.shown)
+            .finish()
+    }
+}
+
+/// The advisory lock every PostgreSQL write transaction takes ("lethe" in ASCII).
+const PG_WRITE_LOCK: i64 = 0x006c_6574_6865;
+
+fn hide_password(url: &str) -> String {
+    match url
+        .split_once("://")
+        .and_then(|(s, rest)| rest.rsplit_once('@').map(|(cred, host)| (s, cred, host)))
+    {
+        Some((scheme, cred, host)) => {
+            let user = cred.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.to_string(),
     }
 }
 
 impl Journal {
-    /// Opens (creating if needed) the control store named by a journal URL, `sqlite:PATH`.
-    /// A relative path is taken relative to `base`.
+    /// Opens (creating its tables if needed) the control store named by a journal URL:
+    /// `sqlite:PATH` (relative to `base`) or `postgres://...`.
     pub fn open_url(url: &str, base: &Path) -> Result<Self> {
-        let path = url
-            .strip_prefix("sqlite:")
-            .ok_or_else(|| JournalError::UnsupportedUrl(url.to_string()))?;
-        let path = Path::new(path);
-        Self::open(&if path.is_absolute() {
-            path.to_path_buf()
-        } else {
-            base.join(path)
-        })
+        if let Some(path) = url.strip_prefix("sqlite:") {
+            let path = Path::new(path);
+            return Self::open(&if path.is_absolute() {
+                path.to_path_buf()
+            } else {
+                base.join(path)
+            });
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Self::open_postgres(url);
+        }
+        Err(JournalError::UnsupportedUrl(url.to_string()))
     }
 
     /// Opens (creating if needed) a SQLite control store.
     pub fn open(path: &Path) -> Result<Self> {
-        let err = |source| JournalError::Db {
-            path: path.display().to_string(),
-            source,
+        let shown = path.display().to_string();
+        let err = |e: rusqlite::Error| JournalError::Db {
+            store: shown.clone(),
+            message: e.to_string(),
         };
-        let conn = Connection::open(path).map_err(err)?;
+        let conn = rusqlite::Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
@@ -115,51 +149,121 @@ impl Journal {
         // Inventory locators are dropped at completion: overwrite them, do not just unlink.
         conn.pragma_update(None, "secure_delete", "ON")
             .map_err(err)?;
-        schema::migrate(&conn).map_err(err)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-            path: path.to_path_buf(),
-        })
+        let j = Self {
+            backend: Backend::Sqlite(Mutex::new(conn)),
+            shown,
+        };
+        j.write(|tx| schema::migrate(tx, schema::Dialect::Sqlite).map_err(|m| j.db(m)))?;
+        Ok(j)
     }
 
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    fn open_postgres(url: &str) -> Result<Self> {
+        let shown = hide_password(url);
+        let err = |m: String| JournalError::Db {
+            store: shown.clone(),
+            message: m,
+        };
+        if url.split_once('?').is_some_and(|(_, q)| {
+            q.split('&').any(|kv| {
+                kv.starts_with("sslmode=") && !matches!(kv, "sslmode=disable" | "sslmode=prefer")
+            })
+        }) {
+            return Err(err(
+                "TLS is not built into Lethe yet: only sslmode=disable or prefer".into(),
+            ));
+        }
+        let mut config: postgres::Config = url
+            .parse()
+            .map_err(|e: postgres::Error| err(e.to_string()))?;
+        config.application_name("lethe-journal");
+        config.connect_timeout(Duration::from_secs(10));
+        let client = config
+            .connect(postgres::NoTls)
+            .map_err(|e| err(e.to_string()))?;
+        let j = Self {
+            backend: Backend::Postgres {
+                client: Mutex::new(client),
+                config: Box::new(config),
+            },
+            shown,
+        };
+        j.write(|tx| schema::migrate(tx, schema::Dialect::Postgres).map_err(|m| j.db(m)))?;
+        Ok(j)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    /// Which store this is, for messages (no password).
+    pub fn store(&self) -> &str {
+        &self.shown
     }
 
-    fn db(&self, source: rusqlite::Error) -> JournalError {
+    /// Whether several processes may share this store (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Postgres { .. })
+    }
+
+    pub(crate) fn db(&self, message: String) -> JournalError {
         JournalError::Db {
-            path: self.path.display().to_string(),
-            source,
+            store: self.shown.clone(),
+            message,
         }
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction: the write lock is taken at the start, so
+    /// Runs `f` in one write transaction that holds the store's write lock from its start, so
     /// the reads inside see the state the writes apply to (no check-then-act across processes).
-    fn write<T>(&self, f: impl FnOnce(&Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = self.lock();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| self.db(e))?;
-        let out = f(&tx)?;
-        tx.commit().map_err(|e| self.db(e))?;
-        Ok(out)
+    pub(crate) fn write<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        match &self.backend {
+            Backend::Sqlite(c) => {
+                let mut conn = lock(c);
+                let tx = conn
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| self.db(e.to_string()))?;
+                let out = f(&mut SqliteTx(&tx))?;
+                tx.commit().map_err(|e| self.db(e.to_string()))?;
+                Ok(out)
+            }
+            Backend::Postgres { client, .. } => {
+                let mut client = lock(client);
+                let mut tx = client.transaction().map_err(|e| self.db(e.to_string()))?;
+                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PG_WRITE_LOCK])
+                    .map_err(|e| self.db(e.to_string()))?;
+                let out = f(&mut PgTx(&mut tx))?;
+                tx.commit().map_err(|e| self.db(e.to_string()))?;
+                Ok(out)
+            }
+        }
     }
 
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.lock();
-        f(&conn)
+    /// Runs `f` on a plain connection (each statement sees committed state).
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        match &self.backend {
+            Backend::Sqlite(c) => f(&mut SqliteTx(&lock(c))),
+            Backend::Postgres { client, .. } => f(&mut PgTx(&mut *lock(client))),
+        }
+    }
+
+    /// A new connection to the same PostgreSQL store (for a claim), or `None` on SQLite.
+    pub(crate) fn pg_connect(&self) -> Result<Option<postgres::Client>> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(None),
+            Backend::Postgres { config, .. } => config
+                .connect(postgres::NoTls)
+                .map(Some)
+                .map_err(|e| self.db(e.to_string())),
+        }
     }
 }
 
-/// Maps a driver error inside a closure that has no access to the path.
-pub(crate) fn sql(e: rusqlite::Error) -> JournalError {
-    JournalError::Db {
-        path: String::from("(control database)"),
-        source: e,
-    }
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where a path-based SQLite journal lives, for `lethe` messages.
+pub fn sqlite_path(url: &str, base: &Path) -> Option<PathBuf> {
+    url.strip_prefix("sqlite:").map(|p| {
+        if Path::new(p).is_absolute() {
+            PathBuf::from(p)
+        } else {
+            base.join(p)
+        }
+    })
 }

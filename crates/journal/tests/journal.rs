@@ -1,9 +1,13 @@
-//! The journal's chain and the gate, on the SQLite backend.
+//! The journal's chain, jobs, claims and the gate: one suite, run against both backends
+//! (SQLite, and PostgreSQL at LETHE_PG15_URL, default postgres://postgres@127.0.0.1:5432/postgres,
+//! each test in its own database).
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lethe_core::keys::DeploymentKey;
-use lethe_core::{Basis, MemoryId, Scope, Subject, Tenant, Version};
+use lethe_core::{Basis, BlockedReason, MemoryId, Scope, Subject, Tenant, Version};
 use lethe_journal::gate::{GateError, Sink};
 use lethe_journal::jobs::NewJob;
 use lethe_journal::{Entry, Journal, JournalError};
@@ -14,11 +18,115 @@ use time::OffsetDateTime;
 const NOW: OffsetDateTime = datetime!(2026-12-02 10:00 UTC);
 const AT: &str = "2026-12-02T10:00:00Z";
 
-fn open() -> (tempfile::TempDir, Journal) {
-    let dir = tempfile::tempdir().unwrap();
-    let j = Journal::open(&dir.path().join("j.db")).unwrap();
-    (dir, j)
+/// A control store under test: a SQLite file, or a fresh PostgreSQL database dropped afterwards.
+enum Store {
+    Sqlite(tempfile::TempDir),
+    Postgres {
+        admin: String,
+        name: String,
+        url: String,
+    },
 }
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+impl Store {
+    fn sqlite() -> Self {
+        Store::Sqlite(tempfile::tempdir().unwrap())
+    }
+
+    fn postgres() -> Self {
+        let admin = std::env::var("LETHE_PG15_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let name = format!("lethe_j_{}_{}", std::process::id(), N.fetch_add(1, SeqCst));
+        let mut c = postgres::Client::connect(&admin, postgres::NoTls)
+            .expect("PostgreSQL reachable (scripts/test)");
+        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        Store::Postgres { admin, name, url }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Store::Sqlite(d) => format!("sqlite:{}", d.path().join("j.db").display()),
+            Store::Postgres { url, .. } => url.clone(),
+        }
+    }
+
+    fn open(&self) -> Journal {
+        Journal::open_url(&self.url(), std::path::Path::new(".")).unwrap()
+    }
+
+    /// Runs SQL behind the journal's back (tampering).
+    fn raw(&self, sql: &str) {
+        match self {
+            Store::Sqlite(d) => Connection::open(d.path().join("j.db"))
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap(),
+            Store::Postgres { url, .. } => postgres::Client::connect(url, postgres::NoTls)
+                .unwrap()
+                .batch_execute(sql)
+                .unwrap(),
+        }
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        match self {
+            Store::Sqlite(d) => Connection::open(d.path().join("j.db"))
+                .unwrap()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap(),
+            Store::Postgres { url, .. } => postgres::Client::connect(url, postgres::NoTls)
+                .unwrap()
+                .query_one(sql, &[])
+                .unwrap()
+                .get(0),
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Store::Postgres { admin, name, .. } = self {
+            if let Ok(mut c) = postgres::Client::connect(admin, postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        }
+    }
+}
+
+/// Runs each test body against both backends: one shared suite (DESIGN.md, "Where it runs").
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $name() { super::$name(super::Store::sqlite()) } )*
+        }
+        mod postgres_backend {
+            $( #[test] fn $name() { super::$name(super::Store::postgres()) } )*
+        }
+    };
+}
+
+both!(
+    intact_chain_verifies_and_replays_jobs,
+    detects_an_edited_entry,
+    detects_reordered_entries,
+    detects_a_deleted_entry_in_the_middle,
+    detects_deleted_newest_entries,
+    detects_a_job_table_that_disagrees_with_the_chain,
+    an_open_job_for_the_same_scope_is_reused_not_duplicated,
+    invalid_transitions_are_refused_and_not_journaled,
+    freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease,
+    lease_ttl_expiry_is_not_draining,
+    an_expired_lease_takes_no_permit,
+    memory_scope_revokes_only_leases_that_read_that_version,
+    a_lease_from_an_old_epoch_is_stale_after_completion,
+    tenant_scope_fences_every_subject_of_the_tenant_only,
+    holds_cover_their_tenant_or_subject_and_are_journaled,
+    concurrent_permit_traffic_never_sees_a_permit_after_the_freeze,
+    two_operators_asking_at_once_get_one_job,
+);
 
 fn t(s: &str) -> Tenant {
     Tenant::new(s).unwrap()
@@ -58,7 +166,7 @@ fn run_to_blocked(j: &Journal, id: &str) {
         AT,
         id,
         &Entry::Blocked {
-            reason: lethe_core::BlockedReason::TargetUnavailable,
+            reason: BlockedReason::TargetUnavailable,
             target: Some("x".into()),
             detail: "d".into(),
         },
@@ -66,9 +174,20 @@ fn run_to_blocked(j: &Journal, id: &str) {
     .unwrap();
 }
 
-#[test]
-fn intact_chain_verifies_and_replays_jobs() {
-    let (_d, j) = open();
+fn seed(st: &Store) {
+    let j = st.open();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    run_to_blocked(&j, &a);
+    job(&j, "del-b", subject_scope("acme", "bob"));
+}
+
+fn tamper(st: &Store, sql: &str) -> Vec<String> {
+    st.raw(sql);
+    st.open().verify_chain().unwrap().problems
+}
+
+fn intact_chain_verifies_and_replays_jobs(st: Store) {
+    let j = st.open();
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     run_to_blocked(&j, &a);
     let r = j.verify_chain().unwrap();
@@ -76,50 +195,31 @@ fn intact_chain_verifies_and_replays_jobs() {
     assert_eq!((r.entries, r.jobs), (4, 1));
 }
 
-fn tamper(dir: &tempfile::TempDir, sql: &str) -> Vec<String> {
-    let c = Connection::open(dir.path().join("j.db")).unwrap();
-    c.execute_batch(sql).unwrap();
-    drop(c);
-    Journal::open(&dir.path().join("j.db"))
-        .unwrap()
-        .verify_chain()
-        .unwrap()
-        .problems
-}
-
-fn seeded() -> tempfile::TempDir {
-    let (d, j) = open();
-    let a = job(&j, "del-a", subject_scope("acme", "alice"));
-    run_to_blocked(&j, &a);
-    job(&j, "del-b", subject_scope("acme", "bob"));
-    d
-}
-
-#[test]
-fn detects_an_edited_entry() {
-    let d = seeded();
+fn detects_an_edited_entry(st: Store) {
+    seed(&st);
     let p = tamper(
-        &d,
+        &st,
         "UPDATE journal SET body = replace(body, 'T-1', 'T-2') WHERE seq = 1",
     );
     assert!(p.iter().any(|p| p.contains("entry 1 was edited")), "{p:?}");
 }
 
-#[test]
-fn detects_reordered_entries() {
-    let d = seeded();
-    let p = tamper(&d, "UPDATE journal SET seq = 100 WHERE seq = 2; UPDATE journal SET seq = 2 WHERE seq = 3; UPDATE journal SET seq = 3 WHERE seq = 100;");
+fn detects_reordered_entries(st: Store) {
+    seed(&st);
+    let p = tamper(&st, "UPDATE journal SET seq = 100 WHERE seq = 2; UPDATE journal SET seq = 2 WHERE seq = 3; UPDATE journal SET seq = 3 WHERE seq = 100;");
     assert!(p.iter().any(|p| p.contains("does not follow")), "{p:?}");
 }
 
-#[test]
-fn detects_a_deleted_entry_in_the_middle_and_at_the_end() {
-    let d = seeded();
-    let p = tamper(&d, "DELETE FROM journal WHERE seq = 2");
+fn detects_a_deleted_entry_in_the_middle(st: Store) {
+    seed(&st);
+    let p = tamper(&st, "DELETE FROM journal WHERE seq = 2");
     assert!(p.iter().any(|p| p.contains("entry 2 is missing")), "{p:?}");
-    let d = seeded();
+}
+
+fn detects_deleted_newest_entries(st: Store) {
+    seed(&st);
     let p = tamper(
-        &d,
+        &st,
         "DELETE FROM journal WHERE seq = (SELECT max(seq) FROM journal)",
     );
     assert!(
@@ -128,11 +228,10 @@ fn detects_a_deleted_entry_in_the_middle_and_at_the_end() {
     );
 }
 
-#[test]
-fn detects_a_job_table_that_disagrees_with_the_chain() {
-    let d = seeded();
+fn detects_a_job_table_that_disagrees_with_the_chain(st: Store) {
+    seed(&st);
     let p = tamper(
-        &d,
+        &st,
         "UPDATE jobs SET state = 'COMPLETE' WHERE job_id = 'del-a'",
     );
     assert!(
@@ -142,17 +241,15 @@ fn detects_a_job_table_that_disagrees_with_the_chain() {
     );
 }
 
-#[test]
-fn an_open_job_for_the_same_scope_is_reused_not_duplicated() {
-    let (_d, j) = open();
+fn an_open_job_for_the_same_scope_is_reused_not_duplicated(st: Store) {
+    let j = st.open();
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     assert_eq!(job(&j, "del-b", subject_scope("acme", "alice")), a);
     assert_eq!(j.jobs().unwrap().len(), 1);
 }
 
-#[test]
-fn invalid_transitions_are_refused_and_not_journaled() {
-    let (_d, j) = open();
+fn invalid_transitions_are_refused_and_not_journaled(st: Store) {
+    let j = st.open();
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     let before = j.verify_chain().unwrap().entries;
     assert!(matches!(
@@ -162,9 +259,8 @@ fn invalid_transitions_are_refused_and_not_journaled() {
     assert_eq!(j.verify_chain().unwrap().entries, before);
 }
 
-#[test]
-fn freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease() {
-    let (_d, j) = open();
+fn freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease(st: Store) {
+    let j = st.open();
     let ttl = Duration::from_secs(60);
     let alice = j
         .take_lease(NOW, &t("acme"), &s("alice"), &[], ttl)
@@ -196,9 +292,8 @@ fn freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease() {
     assert_eq!(j.undrained(&a).unwrap(), 0);
 }
 
-#[test]
-fn lease_ttl_expiry_is_not_draining() {
-    let (_d, j) = open();
+fn lease_ttl_expiry_is_not_draining(st: Store) {
+    let j = st.open();
     let l = j
         .take_lease(NOW, &t("acme"), &s("alice"), &[], Duration::from_secs(1))
         .unwrap();
@@ -220,9 +315,8 @@ fn lease_ttl_expiry_is_not_draining() {
     ));
 }
 
-#[test]
-fn an_expired_lease_takes_no_permit() {
-    let (_d, j) = open();
+fn an_expired_lease_takes_no_permit(st: Store) {
+    let j = st.open();
     let l = j
         .take_lease(NOW, &t("acme"), &s("alice"), &[], Duration::from_secs(1))
         .unwrap();
@@ -232,9 +326,8 @@ fn an_expired_lease_takes_no_permit() {
     ));
 }
 
-#[test]
-fn memory_scope_revokes_only_leases_that_read_that_version() {
-    let (_d, j) = open();
+fn memory_scope_revokes_only_leases_that_read_that_version(st: Store) {
+    let j = st.open();
     let ttl = Duration::from_secs(60);
     let m = |id: &str, v: &str| (MemoryId::new(id).unwrap(), Version::new(v).unwrap());
     let read_it = j
@@ -283,9 +376,8 @@ fn memory_scope_revokes_only_leases_that_read_that_version() {
     ));
 }
 
-#[test]
-fn a_lease_from_an_old_epoch_is_stale_after_completion() {
-    let (_d, j) = open();
+fn a_lease_from_an_old_epoch_is_stale_after_completion(st: Store) {
+    let j = st.open();
     let ttl = Duration::from_secs(60);
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     j.freeze(AT, &a, None).unwrap();
@@ -302,9 +394,8 @@ fn a_lease_from_an_old_epoch_is_stale_after_completion() {
     assert!(j.verify_chain().unwrap().is_intact());
 }
 
-#[test]
-fn tenant_scope_fences_every_subject_of_the_tenant_only() {
-    let (_d, j) = open();
+fn tenant_scope_fences_every_subject_of_the_tenant_only(st: Store) {
+    let j = st.open();
     let ttl = Duration::from_secs(60);
     let in_t = j.take_lease(NOW, &t("a"), &s("u1"), &[], ttl).unwrap();
     let neighbour = j.take_lease(NOW, &t("ab"), &s("u1"), &[], ttl).unwrap();
@@ -319,9 +410,8 @@ fn tenant_scope_fences_every_subject_of_the_tenant_only() {
     assert!(j.take_permit(NOW, neighbour.id, Sink::State).is_ok());
 }
 
-#[test]
-fn holds_cover_their_tenant_or_subject_and_are_journaled() {
-    let (_d, j) = open();
+fn holds_cover_their_tenant_or_subject_and_are_journaled(st: Store) {
+    let j = st.open();
     j.add_hold(
         AT,
         "hold-1",
@@ -350,6 +440,10 @@ fn holds_cover_their_tenant_or_subject_and_are_journaled() {
         j.holds_covering(&t("globex"), Some(&s("carol"))).unwrap(),
         vec!["hold-2"]
     );
+    assert!(
+        j.release_holds(AT, &t("acme"), None).unwrap().is_empty(),
+        "releasing the tenant does not release a subject's hold"
+    );
     assert_eq!(
         j.release_holds(AT, &t("acme"), Some(&s("alice"))).unwrap(),
         vec!["hold-1"]
@@ -361,16 +455,12 @@ fn holds_cover_their_tenant_or_subject_and_are_journaled() {
     assert!(j.verify_chain().unwrap().is_intact());
 }
 
-#[test]
-fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze() {
+fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze(st: Store) {
     // Eight threads take and release permits in a loop on their own connections while the
     // freeze commits. Once a worker has been refused, it must never be granted again, and no
     // permit row may appear after the freeze: the freeze is one transaction under the write
     // lock, the permit one check-and-register.
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-    use std::sync::Arc;
-    let (d, j) = open();
-    let path = d.path().join("j.db");
+    let j = st.open();
     let lease = j
         .take_lease(NOW, &t("acme"), &s("alice"), &[], Duration::from_secs(600))
         .unwrap();
@@ -380,14 +470,14 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze() {
     let refused_workers = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..8)
         .map(|_| {
-            let (path, stop, granted, refused_workers) = (
-                path.clone(),
+            let (url, stop, granted, refused_workers) = (
+                st.url(),
                 stop.clone(),
                 granted.clone(),
                 refused_workers.clone(),
             );
             std::thread::spawn(move || {
-                let j = Journal::open(&path).unwrap();
+                let j = Journal::open_url(&url, std::path::Path::new(".")).unwrap();
                 let (mut granted_after_refusal, mut refused) = (0, 0);
                 while !stop.load(SeqCst) {
                     match j.take_permit(NOW, lease.id, Sink::State) {
@@ -423,13 +513,7 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze() {
     };
     bounded("permits before the freeze", &|| granted.load(SeqCst) >= 16);
     j.freeze(AT, &a, None).unwrap();
-    let count = || -> i64 {
-        Connection::open(&path)
-            .unwrap()
-            .query_row("SELECT count(*) FROM permits", [], |r| r.get(0))
-            .unwrap()
-    };
-    let after_freeze = count();
+    let after_freeze = st.count("SELECT count(*) FROM permits");
     bounded("every worker to be refused", &|| {
         refused_workers.load(SeqCst) == 8
     });
@@ -442,9 +526,59 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze() {
         );
     }
     assert_eq!(
-        count(),
+        st.count("SELECT count(*) FROM permits"),
         after_freeze,
         "no permit row was registered after the freeze committed"
     );
     assert_eq!(j.undrained(&a).unwrap(), 0, "every permit was released");
+}
+
+fn two_operators_asking_at_once_get_one_job(st: Store) {
+    // Eight "operators", each with its own connection, ask for the same scope at once.
+    let go = Arc::new(std::sync::Barrier::new(8));
+    let ids: Vec<String> = (0..8)
+        .map(|i| {
+            let (url, go) = (st.url(), go.clone());
+            std::thread::spawn(move || {
+                let j = Journal::open_url(&url, std::path::Path::new(".")).unwrap();
+                go.wait();
+                job(&j, &format!("del-{i}"), subject_scope("acme", "alice"))
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    assert_eq!(st.open().jobs().unwrap().len(), 1);
+}
+
+#[test]
+fn postgres_claims_are_exclusive_and_die_with_their_holder() {
+    let st = Store::postgres();
+    let j = st.open();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    j.freeze(AT, &a, None).unwrap();
+    let other = st.open();
+    let claim = j.claim(&a).unwrap().expect("the first claim wins");
+    assert!(
+        other.claim(&a).unwrap().is_none(),
+        "a second process cannot claim a running job"
+    );
+    assert!(
+        other.claim_next().unwrap().is_none(),
+        "nor pick it up as abandoned work"
+    );
+    drop(claim); // the runner dies: its connection, and the row lock, go with it
+    let next = other
+        .claim_next()
+        .unwrap()
+        .expect("the abandoned job is picked up");
+    assert_eq!(next.job_id, a);
+}
+
+#[test]
+fn postgres_is_the_shared_backend_and_sqlite_is_not() {
+    assert!(Store::postgres().open().is_shared());
+    assert!(!Store::sqlite().open().is_shared());
 }

@@ -1,0 +1,168 @@
+//! The journal and gate on PostgreSQL, shared by several `lethe` processes (LETHE_PG15_URL,
+//! default postgres://postgres@127.0.0.1:5432/postgres; each test in its own database). The
+//! targets are copies of the SQLite fixtures: what is under test is the shared control plane.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+struct Env {
+    dir: tempfile::TempDir,
+    admin: String,
+    db: String,
+}
+
+impl Env {
+    fn new(batch: usize) -> Self {
+        let admin = std::env::var("LETHE_PG15_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let db = format!(
+            "lethe_cj_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        postgres::Client::connect(&admin, postgres::NoTls)
+            .unwrap()
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .unwrap();
+        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+        let dir = tempfile::tempdir().unwrap();
+        let fx =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
+        std::fs::create_dir(dir.path().join("memory")).unwrap();
+        for f in ["checkpoints.db", "store.db", "app.db"] {
+            std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
+        }
+        std::fs::write(
+            dir.path().join("lethe.toml"),
+            format!(
+                r#"
+[control]
+journal = "{url}"
+batch_size = {batch}
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-sqlite-checkpointer"
+class = "primary"
+path = "memory/checkpoints.db"
+registry = {{ path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
+metadata = {{ tenant = "tenant_id", subject = "user_id" }}
+
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "memory/store.db"
+namespace = ["{{tenant}}", "{{subject}}"]
+"#
+            ),
+        )
+        .unwrap();
+        Env { dir, admin, db }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
+        c.arg("--config")
+            .arg(self.dir.path().join("lethe.toml"))
+            .args(args)
+            .env_remove("LETHE_LOG");
+        c
+    }
+
+    fn json(&self, args: &[&str]) -> (i32, Value, String) {
+        let out: Output = self.cmd(args).output().unwrap();
+        let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (
+            out.status.code().unwrap_or(-1),
+            v,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db));
+        }
+    }
+}
+
+const ERASE: [&str; 12] = [
+    "erase",
+    "--tenant",
+    "acme",
+    "--subject",
+    "alice",
+    "--basis",
+    "gdpr-art17",
+    "--ticket",
+    "DSR-1",
+    "--drain-timeout",
+    "0",
+    "--json",
+];
+
+#[test]
+fn a_job_completes_with_the_journal_on_postgres() {
+    let env = Env::new(500);
+    let (c, out, err) = env.json(&ERASE);
+    assert_eq!(c, 0, "{out} {err}");
+    assert_eq!(out["state"], "COMPLETE");
+    assert_eq!(out["certificate"]["targets"]["checkpoints"]["count"], 53);
+    let (c, _, _) = env.json(&["journal", "verify", "--json"]);
+    assert_eq!(c, 0);
+}
+
+#[test]
+fn a_second_process_cannot_run_a_claimed_job_and_picks_it_up_when_its_runner_dies() {
+    let env = Env::new(1);
+    // Process 1 runs the erase and stops, holding its claim, mid-way through the deletes.
+    let marker = env.dir.path().join("paused");
+    let mut first = env
+        .cmd(&ERASE)
+        .env("LETHE_TEST_PAUSE_AT", "after-batch-journal:checkpoints:2")
+        .env("LETHE_TEST_PAUSE_FILE", &marker)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marker.exists() {
+        assert!(first.try_wait().unwrap().is_none(), "process 1 ended early");
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::yield_now();
+    }
+    // A second operator asks for the same scope: the same job, and it is being run.
+    let (c, _, err) = env.json(&ERASE);
+    assert_eq!(c, 3, "{err}");
+    assert!(err.contains("being run by another Lethe process"), "{err}");
+    let (_, jobs, _) = env.json(&["jobs", "--json"]);
+    assert_eq!(jobs.as_array().unwrap().len(), 1, "one job, not two");
+    let job = jobs[0]["job_id"].as_str().unwrap().to_string();
+    let (c, none, _) = env.json(&["work", "--json"]);
+    assert_eq!(
+        (c, none.as_array().map(Vec::len)),
+        (0, Some(0)),
+        "nothing abandoned while process 1 lives"
+    );
+    // Process 1 dies. Its claim dies with its connection; another process finishes the job.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let (c, done, err) = env.json(&["work", "--json"]);
+    assert_eq!(c, 0, "{done} {err}");
+    assert_eq!(done[0]["job_id"], job.as_str());
+    assert_eq!(done[0]["state"], "COMPLETE");
+    assert_eq!(
+        done[0]["certificate"]["targets"]["checkpoints"]["count"], 53,
+        "counts = the frozen inventory"
+    );
+    let (c, _, _) = env.json(&["journal", "verify", "--json"]);
+    assert_eq!(c, 0);
+}

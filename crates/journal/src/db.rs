@@ -1,0 +1,260 @@
+//! One small SQL surface over both backends, so the journal's logic is written once.
+//!
+//! Statements use `$1`-style parameters (rewritten to `?1` for SQLite) and only SQL both
+//! dialects accept: `CAST(x AS TEXT)` rather than `::text`, `IS NOT DISTINCT FROM`,
+//! `ON CONFLICT`, `RETURNING`. Values are [`V`]: integers, text and typed nulls (PostgreSQL
+//! checks a parameter's type even when it is null).
+//!
+//! Write transactions serialize: SQLite's `BEGIN IMMEDIATE` takes the database's one write lock;
+//! on PostgreSQL every write transaction first takes one advisory lock. That keeps the gate's
+//! check-and-register and the freeze linearizable on both, and the hash chain single-file.
+
+use std::fmt::Write as _;
+
+/// A parameter or a column value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum V {
+    /// An integer (SQLite INTEGER, PostgreSQL BIGINT or a boolean as 0/1).
+    I(i64),
+    /// Text.
+    T(String),
+    /// A null integer.
+    NullI,
+    /// A null text.
+    NullT,
+}
+
+impl V {
+    pub(crate) fn i(&self) -> Option<i64> {
+        match self {
+            V::I(n) => Some(*n),
+            _ => None,
+        }
+    }
+    pub(crate) fn t(&self) -> Option<&str> {
+        match self {
+            V::T(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub(crate) fn text(&self) -> String {
+        self.t().unwrap_or_default().to_string()
+    }
+}
+
+impl From<&str> for V {
+    fn from(s: &str) -> Self {
+        V::T(s.to_string())
+    }
+}
+impl From<String> for V {
+    fn from(s: String) -> Self {
+        V::T(s)
+    }
+}
+impl From<&String> for V {
+    fn from(s: &String) -> Self {
+        V::T(s.clone())
+    }
+}
+impl From<i64> for V {
+    fn from(n: i64) -> Self {
+        V::I(n)
+    }
+}
+impl From<u64> for V {
+    fn from(n: u64) -> Self {
+        V::I(n as i64)
+    }
+}
+impl From<Option<&str>> for V {
+    fn from(s: Option<&str>) -> Self {
+        s.map_or(V::NullT, V::from)
+    }
+}
+impl From<Option<String>> for V {
+    fn from(s: Option<String>) -> Self {
+        s.map_or(V::NullT, V::T)
+    }
+}
+impl From<Option<u64>> for V {
+    fn from(n: Option<u64>) -> Self {
+        n.map_or(V::NullI, V::from)
+    }
+}
+
+/// A row: its values in column order.
+pub(crate) type Row = Vec<V>;
+
+/// What a transaction (or a plain read connection) can do.
+pub(crate) trait Tx {
+    /// Runs a statement; returns the rows it changed.
+    fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String>;
+    /// Runs a query; returns every row.
+    fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String>;
+    /// The first row, if any.
+    fn row(&mut self, sql: &str, params: &[V]) -> Result<Option<Row>, String> {
+        Ok(self.rows(sql, params)?.into_iter().next())
+    }
+    /// The first column of the first row.
+    fn one(&mut self, sql: &str, params: &[V]) -> Result<V, String> {
+        self.row(sql, params)?
+            .and_then(|r| r.into_iter().next())
+            .ok_or_else(|| "no row".to_string())
+    }
+}
+
+/// `$12` -> `?12`, outside string literals.
+pub(crate) fn to_sqlite(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut in_str = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_str = !in_str;
+                out.push(c);
+            }
+            '$' if !in_str && chars.peek().is_some_and(char::is_ascii_digit) => out.push('?'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------------ SQLite
+
+pub(crate) struct SqliteTx<'a>(pub(crate) &'a rusqlite::Connection);
+
+fn sqlite_params(params: &[V]) -> Vec<rusqlite::types::Value> {
+    use rusqlite::types::Value;
+    params
+        .iter()
+        .map(|v| match v {
+            V::I(n) => Value::Integer(*n),
+            V::T(s) => Value::Text(s.clone()),
+            V::NullI | V::NullT => Value::Null,
+        })
+        .collect()
+}
+
+impl Tx for SqliteTx<'_> {
+    fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String> {
+        let mut stmt = self
+            .0
+            .prepare_cached(&to_sqlite(sql))
+            .map_err(|e| e.to_string())?;
+        stmt.execute(rusqlite::params_from_iter(sqlite_params(params)))
+            .map(|n| n as u64)
+            .map_err(|e| e.to_string())
+    }
+
+    fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String> {
+        use rusqlite::types::ValueRef;
+        let mut stmt = self
+            .0
+            .prepare_cached(&to_sqlite(sql))
+            .map_err(|e| e.to_string())?;
+        let n = stmt.column_count();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(sqlite_params(params)))
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().map_err(|e| e.to_string())? {
+            let mut row = Vec::with_capacity(n);
+            for i in 0..n {
+                row.push(match r.get_ref(i).map_err(|e| e.to_string())? {
+                    ValueRef::Null => V::NullT,
+                    ValueRef::Integer(n) => V::I(n),
+                    ValueRef::Real(f) => V::I(f as i64),
+                    ValueRef::Text(t) | ValueRef::Blob(t) => {
+                        V::T(String::from_utf8_lossy(t).into_owned())
+                    }
+                });
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+}
+
+// ------------------------------------------------------------------ PostgreSQL
+
+pub(crate) struct PgTx<'a, C: postgres::GenericClient>(pub(crate) &'a mut C);
+
+fn pg_params(params: &[V]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
+    params
+        .iter()
+        .map(|v| -> Box<dyn postgres::types::ToSql + Sync> {
+            match v {
+                V::I(n) => Box::new(*n),
+                V::T(s) => Box::new(s.clone()),
+                V::NullI => Box::new(None::<i64>),
+                V::NullT => Box::new(None::<String>),
+            }
+        })
+        .collect()
+}
+
+fn pg_err(e: postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(d) = db.detail() {
+                let _ = write!(s, ": {d}");
+            }
+            s
+        }
+        None => e.to_string(),
+    }
+}
+
+impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
+    fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String> {
+        let p = pg_params(params);
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+            p.iter().map(|b| b.as_ref()).collect();
+        self.0.execute(sql, &refs).map_err(pg_err)
+    }
+
+    fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String> {
+        use postgres::types::Type;
+        let p = pg_params(params);
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+            p.iter().map(|b| b.as_ref()).collect();
+        let rows = self.0.query(sql, &refs).map_err(pg_err)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let mut row = Vec::with_capacity(r.len());
+            for (i, c) in r.columns().iter().enumerate() {
+                let t = c.type_();
+                row.push(if *t == Type::INT8 {
+                    r.get::<_, Option<i64>>(i).map_or(V::NullI, V::I)
+                } else if *t == Type::INT4 {
+                    r.get::<_, Option<i32>>(i)
+                        .map_or(V::NullI, |n| V::I(n as i64))
+                } else if *t == Type::BOOL {
+                    r.get::<_, Option<bool>>(i)
+                        .map_or(V::NullI, |b| V::I(b as i64))
+                } else {
+                    r.get::<_, Option<String>>(i).map_or(V::NullT, V::T)
+                });
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewrites_parameters_outside_literals_only() {
+        assert_eq!(
+            to_sqlite("SELECT $1, '$2', $10 WHERE x = '$'"),
+            "SELECT ?1, '$2', ?10 WHERE x = '$'"
+        );
+    }
+}
