@@ -162,4 +162,11 @@ pub trait Adapter: Send + Sync {
     /// Counts what is left for the scope, hidden rows included, plus anything left under the
     /// frozen locators. Read-only.
     fn verify(&self, scope: &Scope, frozen: &[(String, u64)]) -> Result<u64, AdapterError>;
+
+    /// A second, independent count of what is left, where the adapter has one (for a Redis
+    /// target in index mode: a scan of the keyspace, which finds keys the index never listed).
+    /// `None`: this adapter's `verify` is already exhaustive. Read-only.
+    fn audit(&self, _scope: &Scope) -> Result<Option<u64>, AdapterError> {
+        Ok(None)
+    }
 }

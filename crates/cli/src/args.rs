@@ -91,6 +91,10 @@ pub enum Command {
     Verify {
         #[command(flatten)]
         scope: ScopeArgs,
+        /// Also run each target's independent audit: for a Redis target in index mode, a scan
+        /// of the keyspace, which finds keys the index never listed (slower: it walks every key).
+        #[arg(long)]
+        audit: bool,
         /// Print JSON: {"clean", "targets": {NAME: {"residue"}}}.
         #[arg(long)]
         json: bool,

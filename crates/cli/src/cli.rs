@@ -347,10 +347,10 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 3
             })
         }
-        Command::Verify { scope, json } => {
+        Command::Verify { scope, audit, json } => {
             let scope = parse_scope(&scope)?;
             let engine = open_engine(&config)?;
-            let counts = engine.verify(&scope)?;
+            let counts = engine.verify(&scope, audit)?;
             let clean = counts.iter().all(|(_, c)| c.count == 0);
             if json {
                 let targets: serde_json::Map<_, _> = counts

@@ -256,8 +256,14 @@ impl Engine {
         Ok(out)
     }
 
-    /// Counts what is left for a scope in each target, hidden rows included. Read-only.
-    pub fn verify(&self, scope: &Scope) -> Result<Vec<(String, TargetCount)>, EngineError> {
+    /// Counts what is left for a scope in each target, hidden rows included; with `audit`, also
+    /// runs each target's independent audit (a keyspace scan for an indexed Redis target) and
+    /// counts the larger. Read-only.
+    pub fn verify(
+        &self,
+        scope: &Scope,
+        audit: bool,
+    ) -> Result<Vec<(String, TargetCount)>, EngineError> {
         let applies = self.check_scope(scope)?;
         self.probe_all()?;
         let mut out = Vec::new();
@@ -267,10 +273,17 @@ impl Engine {
                     count: 0,
                     exempt: Some(why),
                 },
-                Applicability::Applies => TargetCount {
-                    count: t.adapter.verify(scope, &[]).map_err(target_error)?,
-                    exempt: None,
-                },
+                Applicability::Applies => {
+                    let mut count = t.adapter.verify(scope, &[]).map_err(target_error)?;
+                    if audit {
+                        count =
+                            count.max(t.adapter.audit(scope).map_err(target_error)?.unwrap_or(0));
+                    }
+                    TargetCount {
+                        count,
+                        exempt: None,
+                    }
+                }
             };
             out.push((t.name.clone(), c));
         }

@@ -472,6 +472,26 @@ impl Adapter for Redis {
         Ok(n)
     }
 
+    fn audit(&self, scope: &Scope) -> Result<Option<u64>, AdapterError> {
+        let Mode::Index(_) = self.mode else {
+            return Ok(None);
+        };
+        let prefix = match self.selection(scope)? {
+            Selection::Prefix { prefix, .. } => prefix,
+            Selection::Key { key, .. } => key,
+        };
+        let mut nodes = self.lock();
+        // The keyspace scan, as scan mode would run it; plus the index set itself.
+        let keys = self.scan(&mut nodes, &prefix)?;
+        let index = match self.selection(scope)? {
+            Selection::Prefix { index: Some(i), .. } => {
+                self.existing(&mut nodes, vec![i.into_bytes()])?.len() as u64
+            }
+            _ => 0,
+        };
+        Ok(Some(keys.len() as u64 + index))
+    }
+
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {
         let sel = self.selection(scope)?;
         let mut nodes = self.lock();

@@ -550,3 +550,26 @@ fn cluster_erase_follows_ask_redirects_while_its_slot_migrates() {
     );
     cleanup(&space);
 }
+
+#[test]
+fn index_mode_audit_finds_keys_the_index_never_listed() {
+    let mut space = Space::new(false);
+    space.seed("acme", "alice");
+    let scope = subject("acme", "alice");
+    let t = space.target("index");
+    let inv = t.adapter.inventory(&scope).unwrap();
+    t.adapter.erase_batch(&scope, &inv.locators).unwrap();
+    assert_eq!(t.adapter.verify(&scope, &inv.locators).unwrap(), 0);
+    assert_eq!(t.adapter.audit(&scope).unwrap(), Some(0));
+    // A key written without being added to the index: verify cannot see it, the audit does.
+    let stray = format!("{}:acme:alice:stray", space.prefix);
+    space.cmd(&[b"SET", stray.as_bytes(), b"x"]);
+    assert_eq!(t.adapter.verify(&scope, &inv.locators).unwrap(), 0);
+    assert_eq!(t.adapter.audit(&scope).unwrap(), Some(1));
+    assert_eq!(
+        space.target("scan").adapter.audit(&scope).unwrap(),
+        None,
+        "scan mode's verify is the scan"
+    );
+    cleanup(&space);
+}
