@@ -97,6 +97,31 @@ impl Env {
             .collect()
     }
 
+    /// An agent run that holds a permit on alice's memory (library API, same control database),
+    /// with a lease of `ttl_secs`.
+    fn hold_permit(
+        &self,
+        ttl_secs: u64,
+        sink: lethe_journal::gate::Sink,
+    ) -> (lethe_journal::Journal, lethe_journal::gate::Permit) {
+        assert_eq!(code(&self.run(&["jobs"])), 0); // creates the journal
+        let journal = lethe_journal::Journal::open(&self.path().join("lethe-journal.db")).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        let tenant = lethe_core::Tenant::new("acme").unwrap();
+        let subject = lethe_core::Subject::new("alice").unwrap();
+        let lease = journal
+            .take_lease(
+                now,
+                &tenant,
+                &subject,
+                &[],
+                std::time::Duration::from_secs(ttl_secs),
+            )
+            .unwrap();
+        let permit = journal.take_permit(now, lease.id, sink).unwrap();
+        (journal, permit)
+    }
+
     fn inventory(&self, tenant: &str, subject: &str) -> Value {
         let (code, v) = self.json(&[
             "inventory",
@@ -482,21 +507,7 @@ fn a_run_killed_at_any_point_resumes_to_the_same_certificate_counts() {
 fn permits_that_do_not_drain_block_the_job_until_released() {
     let env = Env::new(500);
     // An agent run holds a permit on alice's memory (library API, same control database).
-    assert_eq!(code(&env.run(&["jobs"])), 0); // creates the journal
-    let journal = lethe_journal::Journal::open(&env.path().join("lethe-journal.db")).unwrap();
-    let now = time::OffsetDateTime::now_utc();
-    let lease = journal
-        .take_lease(
-            now,
-            &lethe_core::Tenant::new("acme").unwrap(),
-            &lethe_core::Subject::new("alice").unwrap(),
-            &[],
-            std::time::Duration::from_secs(1),
-        )
-        .unwrap();
-    let permit = journal
-        .take_permit(now, lease.id, lethe_journal::gate::Sink::State)
-        .unwrap();
+    let (journal, permit) = env.hold_permit(1, lethe_journal::gate::Sink::State);
     let before = env.memory_bytes();
     let mut args = ERASE_ALICE.to_vec();
     args.extend(["--drain-timeout", "0"]);
@@ -725,21 +736,7 @@ fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
 #[test]
 fn a_hold_placed_on_a_blocked_job_stops_its_resume() {
     let env = Env::new(500);
-    assert_eq!(code(&env.run(&["jobs"])), 0);
-    let journal = lethe_journal::Journal::open(&env.path().join("lethe-journal.db")).unwrap();
-    let now = time::OffsetDateTime::now_utc();
-    let lease = journal
-        .take_lease(
-            now,
-            &lethe_core::Tenant::new("acme").unwrap(),
-            &lethe_core::Subject::new("alice").unwrap(),
-            &[],
-            std::time::Duration::from_secs(60),
-        )
-        .unwrap();
-    let permit = journal
-        .take_permit(now, lease.id, lethe_journal::gate::Sink::Tool)
-        .unwrap();
+    let (journal, permit) = env.hold_permit(60, lethe_journal::gate::Sink::Tool);
     let mut args = ERASE_ALICE.to_vec();
     args.extend(["--drain-timeout", "0"]);
     let (c, out) = env.json(&args);

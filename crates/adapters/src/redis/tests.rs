@@ -121,6 +121,43 @@ impl Space {
         }
     }
 
+    /// Every key under the test's prefix, on every primary. A set: during a slot migration a
+    /// key can show up in two nodes' SCANs.
+    fn keys(&self) -> std::collections::BTreeSet<Vec<u8>> {
+        let mut nodes = self.nodes.borrow_mut();
+        let pattern = format!("{}:*", self.prefix);
+        let mut keys = std::collections::BTreeSet::new();
+        for node in nodes.primaries().unwrap() {
+            let mut cursor = b"0".to_vec();
+            loop {
+                let r = nodes
+                    .conn(&node)
+                    .unwrap()
+                    .call(&[
+                        b"SCAN",
+                        &cursor,
+                        b"MATCH",
+                        pattern.as_bytes(),
+                        b"COUNT",
+                        b"1000",
+                    ])
+                    .unwrap();
+                let a = r.array().unwrap();
+                cursor = a[0].bytes().unwrap().to_vec();
+                keys.extend(
+                    a[1].array()
+                        .unwrap()
+                        .iter()
+                        .map(|k| k.bytes().unwrap().to_vec()),
+                );
+                if cursor == b"0" {
+                    break;
+                }
+            }
+        }
+        keys
+    }
+
     fn index_key(&self, t: &str, s: &str) -> String {
         format!("{}:idx:{{{t}}}:{s}", self.prefix)
     }
@@ -165,38 +202,8 @@ impl Case for RedisCase<'_> {
         self.adapter.adapter.as_ref()
     }
     fn snapshot(&self) -> Vec<Row> {
+        let keys = self.space.keys();
         let mut nodes = self.space.nodes.borrow_mut();
-        // Keys by name: during a slot migration a key can show up on two nodes' SCANs.
-        let mut keys = std::collections::BTreeSet::new();
-        for node in nodes.primaries().unwrap() {
-            let mut cursor = b"0".to_vec();
-            let pattern = format!("{}:*", self.space.prefix);
-            loop {
-                let r = nodes
-                    .conn(&node)
-                    .unwrap()
-                    .call(&[
-                        b"SCAN",
-                        &cursor,
-                        b"MATCH",
-                        pattern.as_bytes(),
-                        b"COUNT",
-                        b"1000",
-                    ])
-                    .unwrap();
-                let a = r.array().unwrap();
-                cursor = a[0].bytes().unwrap().to_vec();
-                keys.extend(
-                    a[1].array()
-                        .unwrap()
-                        .iter()
-                        .map(|k| k.bytes().unwrap().to_vec()),
-                );
-                if cursor == b"0" {
-                    break;
-                }
-            }
-        }
         let mut rows = Vec::new();
         for k in keys {
             // Through `keyed`, which follows MOVED and ASK.
@@ -276,45 +283,9 @@ fn each_subject_erased_exactly(cluster: bool, mode: &str) {
 }
 
 fn cleanup(space: &Space) {
-    let case = RedisCase {
-        space,
-        adapter: space.target("scan"),
-        with_index: true,
-    };
-    let keys: Vec<Vec<u8>> = case.snapshot().into_iter().map(|r| r.bytes).collect();
-    drop(keys);
+    let keys = space.keys();
     let mut nodes = space.nodes.borrow_mut();
-    let mut found = Vec::new();
-    for node in nodes.primaries().unwrap() {
-        let pattern = format!("{}:*", space.prefix);
-        let mut cursor = b"0".to_vec();
-        loop {
-            let r = nodes
-                .conn(&node)
-                .unwrap()
-                .call(&[
-                    b"SCAN",
-                    &cursor,
-                    b"MATCH",
-                    pattern.as_bytes(),
-                    b"COUNT",
-                    b"1000",
-                ])
-                .unwrap();
-            let a = r.array().unwrap().to_vec();
-            cursor = a[0].bytes().unwrap().to_vec();
-            found.extend(
-                a[1].array()
-                    .unwrap()
-                    .iter()
-                    .map(|k| k.bytes().unwrap().to_vec()),
-            );
-            if cursor == b"0" {
-                break;
-            }
-        }
-    }
-    for k in found {
+    for k in keys {
         nodes.keyed(&k, &[b"UNLINK", &k]).unwrap();
     }
 }
