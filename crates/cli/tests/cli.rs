@@ -852,3 +852,32 @@ fn registry_names_that_need_quoting_work() {
     let (c, out) = env.json(&ERASE_ALICE);
     assert_eq!(c, 0, "{out}");
 }
+
+#[test]
+fn an_unreachable_target_blocks_the_job_and_a_rerun_finishes_it() {
+    let prefix = format!("ltcli{}", std::process::id());
+    let redis = |port: u16| {
+        format!(
+            "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:{port}/9\"\npattern = \"{prefix}:{{tenant}}:{{subject}}:*\"\ntimeout_ms = 500\n"
+        )
+    };
+    let base = CONFIG.replace("BATCH", "500");
+    let env = Env::with_config(&(base.clone() + &redis(1)));
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 3, "{out}");
+    assert_eq!(out["blocked_reason"], "target_unavailable");
+    assert_eq!(
+        out["blocked_target"], "session-cache",
+        "the error names the target"
+    );
+    let job = out["job_id"].as_str().unwrap().to_string();
+    // The node answers again (here: the config points at the live server); the rerun finishes.
+    std::fs::write(env.path().join("lethe.toml"), base + &redis(6379)).unwrap();
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    assert_eq!(
+        out["certificate"]["targets"]["session-cache"]["error_codes"],
+        serde_json::json!(["target_unavailable"])
+    );
+}
