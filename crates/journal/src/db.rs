@@ -9,8 +9,6 @@
 //! on PostgreSQL every write transaction first takes one advisory lock. That keeps the gate's
 //! check-and-register and the freeze linearizable on both, and the hash chain single-file.
 
-use std::fmt::Write as _;
-
 /// A parameter or a column value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum V {
@@ -196,15 +194,11 @@ fn pg_params(params: &[V]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
         .collect()
 }
 
+/// The server's message and SQLSTATE only: PostgreSQL's DETAIL can quote key values
+/// (`Key (tenant, subject)=(...)`), which are identifiers and must not reach an error or a log.
 fn pg_err(e: postgres::Error) -> String {
     match e.as_db_error() {
-        Some(db) => {
-            let mut s = format!("{} ({})", db.message(), db.code().code());
-            if let Some(d) = db.detail() {
-                let _ = write!(s, ": {d}");
-            }
-            s
-        }
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),
     }
 }
