@@ -247,15 +247,15 @@ impl Journal {
             "INSERT INTO job_claims (job_id) VALUES ($1) ON CONFLICT DO NOTHING",
             &[&job_id],
         )
-        .map_err(|e| self.db(e.to_string()))?;
+        .map_err(|e| self.db(crate::db::pg_err(e)))?;
         c.batch_execute("BEGIN")
-            .map_err(|e| self.db(e.to_string()))?;
+            .map_err(|e| self.db(crate::db::pg_err(e)))?;
         let got = c
             .query(
                 "SELECT job_id FROM job_claims WHERE job_id = $1 FOR UPDATE SKIP LOCKED",
                 &[&job_id],
             )
-            .map_err(|e| self.db(e.to_string()))?;
+            .map_err(|e| self.db(crate::db::pg_err(e)))?;
         Ok((!got.is_empty()).then(|| Claim {
             pg: Some(c),
             job_id: job_id.to_string(),
@@ -269,7 +269,7 @@ impl Journal {
             return Ok(None);
         };
         c.batch_execute("BEGIN")
-            .map_err(|e| self.db(e.to_string()))?;
+            .map_err(|e| self.db(crate::db::pg_err(e)))?;
         let got = c
             .query(
                 &format!(
@@ -278,7 +278,7 @@ impl Journal {
                 ),
                 &[],
             )
-            .map_err(|e| self.db(e.to_string()))?;
+            .map_err(|e| self.db(crate::db::pg_err(e)))?;
         Ok(got
             .first()
             .map(|r| Claim {

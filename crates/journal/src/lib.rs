@@ -174,12 +174,12 @@ impl Journal {
         }
         let mut config: postgres::Config = url
             .parse()
-            .map_err(|e: postgres::Error| err(e.to_string()))?;
+            .map_err(|e: postgres::Error| err(db::pg_err(e)))?;
         config.application_name("lethe-journal");
         config.connect_timeout(Duration::from_secs(10));
         let client = config
             .connect(postgres::NoTls)
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(db::pg_err(e)))?;
         let j = Self {
             backend: Backend::Postgres {
                 client: Mutex::new(client),
@@ -223,11 +223,11 @@ impl Journal {
             }
             Backend::Postgres { client, .. } => {
                 let mut client = lock(client);
-                let mut tx = client.transaction().map_err(|e| self.db(e.to_string()))?;
+                let mut tx = client.transaction().map_err(|e| self.db(db::pg_err(e)))?;
                 tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PG_WRITE_LOCK])
-                    .map_err(|e| self.db(e.to_string()))?;
+                    .map_err(|e| self.db(db::pg_err(e)))?;
                 let out = f(&mut PgTx(&mut tx))?;
-                tx.commit().map_err(|e| self.db(e.to_string()))?;
+                tx.commit().map_err(|e| self.db(db::pg_err(e)))?;
                 Ok(out)
             }
         }
@@ -248,7 +248,7 @@ impl Journal {
             Backend::Postgres { config, .. } => config
                 .connect(postgres::NoTls)
                 .map(Some)
-                .map_err(|e| self.db(e.to_string())),
+                .map_err(|e| self.db(db::pg_err(e))),
         }
     }
 }
