@@ -14,7 +14,11 @@ PG=${LETHE_PG15_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-scripts/pg peer "$PG" seed.py --scenario small >/dev/null 2>"$work/seed.log"
+if ! scripts/pg peer "$PG" seed.py --scenario small >/dev/null 2>"$work/seed.log"; then
+    echo "runbook validation: the peer's seed.py failed (is ../shared/peer/langgraph-runbook there? LETHE_PEER_DIR overrides):" >&2
+    tail -20 "$work/seed.log" >&2
+    exit 1
+fi
 scripts/pg peer "$PG" verify.py snapshot --scenario small --out "$work/before.json" >/dev/null
 
 cat >"$work/lethe.toml" <<TOML
