@@ -4,7 +4,7 @@
 # then runs run.py: the peer's seed.py --scenario scaled (PostgreSQL db lg + Redis db 0), then 5
 # rounds of runbook.py / bulk_reference.py / lethe erase on a re-seeded target, each checked by
 # the peer's verify.py; lethe once with the redis target too; lethe on a 100,000-row target.
-# Writes bench/out/postgres-*.json and prints Markdown tables. About 10 minutes.
+# Writes bench/out/postgres-*.json and prints Markdown tables. About 10-12 minutes.
 # Arguments go to run.py (--runs N, --no-seed, --big-threads N, --big-items N, --skip redis,big,
 # --workdir DIR --keep). LETHE_BIN=path skips the build and benchmarks that binary instead.
 set -euo pipefail

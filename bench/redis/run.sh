@@ -4,7 +4,7 @@
 # against the runbook's step 6 and a redis-cli floor in db 0 (the peer's scaled keyspace, seeded
 # by the peer's seed.py if db 0 is not it), a second client's GET p99 during the erase, and
 # index mode at 100,000 / 1,000,000 / 5,000,000 keys in scratch dbs (default 12, 13, 14, flushed at the
-# end). Writes bench/out/redis-*.json and prints Markdown tables. About 4 minutes.
+# end). Writes bench/out/redis-*.json and prints Markdown tables. About 5 minutes.
 # Arguments go to run.py (--runs N, --lat-rounds N, --index-runs N, --sizes A,B,C,
 # --scratch-dbs A,B,C, --skip scan,latency,index, --workdir DIR --keep). LETHE_BIN=path skips the
 # build and benchmarks that binary instead.
