@@ -110,3 +110,34 @@ pub fn per_owner(rows: &[Row]) -> BTreeMap<(String, String), usize> {
     }
     m
 }
+
+/// Checks that `after` is `before` minus exactly `gone` rows, each of which `is_erased` accepts:
+/// every other row is still there, byte for byte. For erasures narrower than a subject (one
+/// memory), where the owner alone does not say which rows go.
+pub fn assert_only_removed(
+    before: &[Row],
+    after: &[Row],
+    gone: usize,
+    is_erased: &dyn Fn(&Row) -> bool,
+) {
+    let mut left: Vec<&Row> = after.iter().collect();
+    let mut removed = Vec::new();
+    for r in before {
+        match left.iter().position(|a| *a == r) {
+            Some(i) => {
+                left.remove(i);
+            }
+            None => removed.push(r),
+        }
+    }
+    assert!(
+        left.is_empty(),
+        "rows appeared or changed: {} not in the snapshot before",
+        left.len()
+    );
+    assert_eq!(removed.len(), gone, "exactly the erased rows went");
+    assert!(
+        removed.iter().all(|r| is_erased(r)),
+        "only the erased item's rows went"
+    );
+}

@@ -27,7 +27,7 @@ pub mod holds;
 pub mod jobs;
 mod schema;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -191,11 +191,6 @@ impl Journal {
         Ok(j)
     }
 
-    /// Which store this is, for messages (no password).
-    pub fn store(&self) -> &str {
-        &self.shown
-    }
-
     /// Whether several processes may share this store (PostgreSQL).
     pub fn is_shared(&self) -> bool {
         matches!(self.backend, Backend::Postgres { .. })
@@ -255,15 +250,4 @@ impl Journal {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Where a path-based SQLite journal lives, for `lethe` messages.
-pub fn sqlite_path(url: &str, base: &Path) -> Option<PathBuf> {
-    url.strip_prefix("sqlite:").map(|p| {
-        if Path::new(p).is_absolute() {
-            PathBuf::from(p)
-        } else {
-            base.join(p)
-        }
-    })
 }

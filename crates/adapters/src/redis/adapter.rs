@@ -172,7 +172,7 @@ impl Redis {
                     Some([c, Reply::Array(Some(keys))]) => {
                         (c.bytes().unwrap_or(b"0").to_vec(), keys.clone())
                     }
-                    _ => return Err(self.failed(format!("unexpected SCAN reply: {reply:?}"))),
+                    _ => return Err(self.failed("unexpected SCAN reply shape")),
                 };
                 // The exact re-check: a glob can only over-match if escaping failed; this makes
                 // sure nothing outside the prefix is ever unlinked.
@@ -217,11 +217,9 @@ impl Redis {
             let (next, members) = match reply.array() {
                 Some([c, Reply::Array(Some(m))]) => (c.bytes().unwrap_or(b"0").to_vec(), m.clone()),
                 _ if matches!(reply, Reply::Error(_)) => {
-                    return Err(
-                        self.failed(format!("the index set answered {reply:?}: is it a set?"))
-                    )
+                    return Err(self.failed("the index set answered an error: is it a set?"))
                 }
-                _ => return Err(self.failed(format!("unexpected SSCAN reply: {reply:?}"))),
+                _ => return Err(self.failed("unexpected SSCAN reply shape")),
             };
             for m in members.iter().filter_map(|m| m.bytes()) {
                 if !m.starts_with(prefix.as_bytes()) {

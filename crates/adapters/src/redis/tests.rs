@@ -394,7 +394,25 @@ fn memory_scope_unlinks_one_key_and_tidies_the_index() {
     );
     let inv = t.adapter.inventory(&scope).unwrap();
     assert_eq!(inv.count, 1);
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target("index"),
+        with_index: true,
+    };
+    let before = case.snapshot();
     assert_eq!(t.adapter.erase_batch(&scope, &inv.locators).unwrap(), 1);
+    // Only the memory's key went; the index set changed (the key left it), everything else,
+    // bob's keys included, is byte-identical.
+    let key = format!("{}:acme:alice:hash", space.prefix);
+    let index = space.index_key("acme", "alice");
+    let strip = |rows: Vec<Row>| -> Vec<Row> {
+        rows.into_iter()
+            .filter(|r| !r.bytes.starts_with(index.as_bytes()))
+            .collect()
+    };
+    conformance::assert_only_removed(&strip(before), &strip(case.snapshot()), 1, &|r| {
+        r.bytes.starts_with(key.as_bytes())
+    });
     assert_eq!(t.adapter.verify(&scope, &inv.locators).unwrap(), 0);
     let left = t.adapter.inventory(&subject("acme", "alice")).unwrap();
     assert_eq!(
