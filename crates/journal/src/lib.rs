@@ -27,8 +27,10 @@ pub mod holds;
 pub mod jobs;
 mod schema;
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use db::{PgTx, SqliteTx, Tx};
@@ -73,7 +75,11 @@ pub enum JournalError {
 pub type Result<T, E = JournalError> = std::result::Result<T, E>;
 
 enum Backend {
-    Sqlite(Mutex<rusqlite::Connection>),
+    Sqlite {
+        conn: Mutex<rusqlite::Connection>,
+        /// Shared by every `Journal` of this process on the same file (see [`file_lock`]).
+        writers: Arc<Mutex<()>>,
+    },
     Postgres {
         client: Mutex<postgres::Client>,
         /// Kept to open a claim's own connection.
@@ -149,8 +155,12 @@ impl Journal {
         // Inventory locators are dropped at completion: overwrite them, do not just unlink.
         conn.pragma_update(None, "secure_delete", "ON")
             .map_err(err)?;
+        let writers = file_lock(path);
         let j = Self {
-            backend: Backend::Sqlite(Mutex::new(conn)),
+            backend: Backend::Sqlite {
+                conn: Mutex::new(conn),
+                writers,
+            },
             shown,
         };
         j.write(|tx| schema::migrate(tx, schema::Dialect::Sqlite).map_err(|m| j.db(m)))?;
@@ -207,8 +217,9 @@ impl Journal {
     /// the reads inside see the state the writes apply to (no check-then-act across processes).
     pub(crate) fn write<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
         match &self.backend {
-            Backend::Sqlite(c) => {
-                let mut conn = lock(c);
+            Backend::Sqlite { conn, writers } => {
+                let _writer = lock(writers);
+                let mut conn = lock(conn);
                 let tx = conn
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .map_err(|e| self.db(e.to_string()))?;
@@ -231,7 +242,7 @@ impl Journal {
     /// Runs `f` on a plain connection (each statement sees committed state).
     pub(crate) fn read<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
         match &self.backend {
-            Backend::Sqlite(c) => f(&mut SqliteTx(&lock(c))),
+            Backend::Sqlite { conn, .. } => f(&mut SqliteTx(&lock(conn))),
             Backend::Postgres { client, .. } => f(&mut PgTx(&mut *lock(client))),
         }
     }
@@ -239,13 +250,30 @@ impl Journal {
     /// A new connection to the same PostgreSQL store (for a claim), or `None` on SQLite.
     pub(crate) fn pg_connect(&self) -> Result<Option<postgres::Client>> {
         match &self.backend {
-            Backend::Sqlite(_) => Ok(None),
+            Backend::Sqlite { .. } => Ok(None),
             Backend::Postgres { config, .. } => config
                 .connect(postgres::NoTls)
                 .map(Some)
                 .map_err(|e| self.db(db::pg_err(e))),
         }
     }
+}
+
+/// One write lock per SQLite file per process. SQLite's own busy handler sleeps and retries, so
+/// under steady write traffic from several connections of one process a waiter can starve past
+/// any busy timeout ("database is locked"); queueing this process's writers on a mutex first
+/// leaves the busy handler only other processes to wait for.
+fn file_lock(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Weak<Mutex<()>>>>> = OnceLock::new();
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut locks = lock(LOCKS.get_or_init(Default::default));
+    locks.retain(|_, w| w.strong_count() > 0);
+    if let Some(l) = locks.get(&key).and_then(Weak::upgrade) {
+        return l;
+    }
+    let l = Arc::new(Mutex::new(()));
+    locks.insert(key, Arc::downgrade(&l));
+    l
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
