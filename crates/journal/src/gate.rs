@@ -150,18 +150,27 @@ impl Journal {
     ) -> Result<Lease> {
         let (t, s) = (tenant.as_str(), subject.as_str());
         let expires = millis(now) + ttl.as_millis() as i64;
-        let pairs: Vec<[&str; 2]> = reads.iter().map(|(m, v)| [m.as_str(), v.as_str()]).collect();
+        let pairs: Vec<[&str; 2]> = reads
+            .iter()
+            .map(|(m, v)| [m.as_str(), v.as_str()])
+            .collect();
         let reads_json = serde_json::to_string(&pairs).map_err(|e| self.db(e.to_string()))?;
         if let Some(rows) = self.pg_query(
             "SELECT lease_id, epoch, tenant_epoch FROM lethe_take_lease($1, $2, $3, $4)",
             &[&t, &s, &expires, &reads_json],
         )? {
-            let r = rows.first().ok_or_else(|| self.db("lethe_take_lease returned no row".into()))?;
+            let r = rows
+                .first()
+                .ok_or_else(|| self.db("lethe_take_lease returned no row".into()))?;
             let id: i64 = r.get(0);
             if id == -5 {
                 return Err(GateError::Fenced.into());
             }
-            return Ok(Lease { id, epoch: r.get::<_, i64>(1) as u64, tenant_epoch: r.get::<_, i64>(2) as u64 });
+            return Ok(Lease {
+                id,
+                epoch: r.get::<_, i64>(1) as u64,
+                tenant_epoch: r.get::<_, i64>(2) as u64,
+            });
         }
         self.write(|tx| {
             if is_fenced(tx, t, s)? {
@@ -298,6 +307,26 @@ impl Journal {
                 None => Err(GateError::NoSuchLease.into()),
             }
         })
+    }
+
+    /// Which of these leases are revoked (unknown ids are left out). For the revocation stream.
+    pub fn revoked_among(&self, leases: &[i64]) -> Result<Vec<i64>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        // Bounded statements: SQLite allows 32,766 parameters, PostgreSQL 65,535.
+        for chunk in leases.chunks(1000) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let params: Vec<V> = chunk.iter().map(|&id| V::I(id)).collect();
+            let sql = format!(
+                "SELECT lease_id FROM leases WHERE revoked_by IS NOT NULL AND lease_id IN ({})",
+                marks.join(", ")
+            );
+            let rows = self.read(|tx| tx.rows(&sql, &params).map_err(db))?;
+            out.extend(rows.iter().filter_map(|r| r[0].i()));
+        }
+        Ok(out)
     }
 
     /// Closes the fence for a REQUESTED job, atomically with the `FenceClosed` entry.

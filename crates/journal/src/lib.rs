@@ -74,6 +74,8 @@ pub enum JournalError {
 /// Shorthand for this crate's results.
 pub type Result<T, E = JournalError> = std::result::Result<T, E>;
 
+// One Backend per Journal, made once: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Sqlite {
         conn: Mutex<rusqlite::Connection>,
@@ -268,9 +270,7 @@ impl Journal {
         let stmt = match prepared.get(sql) {
             Some(s) => s.clone(),
             None => {
-                let s = client
-                    .prepare(sql)
-                    .map_err(|e| self.db(db::pg_err(e)))?;
+                let s = client.prepare(sql).map_err(|e| self.db(db::pg_err(e)))?;
                 prepared.insert(sql, s.clone());
                 s
             }
