@@ -66,6 +66,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             watcher_journal,
             tokens,
             clock: Arc::new(SystemClock),
+            hooks: lethe_server::Hooks::default(),
         };
         lethe_server::run(listener, server, shutdown_signal())
             .await

@@ -32,6 +32,7 @@ pub(crate) struct State {
     pub(crate) pool: Arc<Pool>,
     pub(crate) tokens: Arc<Vec<(String, Role)>>,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) hooks: crate::Hooks,
     pub(crate) watchers: Arc<Watchers>,
     pub(crate) stop: watch::Receiver<bool>,
 }
@@ -210,8 +211,15 @@ async fn take_permit(
         "state" => Sink::State,
         _ => return Err(ApiError::bad_request("sink must be output, tool or state")),
     };
-    let now = state.clock.now();
-    let permit = gate(&state, move |j| j.take_permit(now, b.lease_id, sink)).await?;
+    let clock = Arc::clone(&state.clock);
+    let hook = state.hooks.before_permit.clone();
+    let permit = gate(&state, move |j| {
+        if let Some(h) = hook {
+            h();
+        }
+        j.take_permit(clock.now(), b.lease_id, sink)
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(json!({"permit_id": permit.id}))))
 }
 

@@ -44,6 +44,25 @@ pub struct Server {
     pub tokens: Vec<(String, Role)>,
     /// The gate's clock (lease TTLs).
     pub clock: Arc<dyn Clock>,
+    /// Fault injection for tests; [`Hooks::default`] in production.
+    pub hooks: Hooks,
+}
+
+/// Points where a test can stop a request to force an ordering (never a sleep). Each hook runs
+/// on the request's blocking thread.
+#[derive(Clone, Default)]
+pub struct Hooks {
+    /// Runs after a permit request is parsed and authorized, just before the gate's atomic
+    /// check-and-register: a test closes the fence here.
+    pub before_permit: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("before_permit", &self.before_permit.is_some())
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Server {
@@ -70,6 +89,7 @@ pub async fn run(
         pool: Arc::new(pool::Pool::new(server.journals)),
         tokens: Arc::new(server.tokens),
         clock: server.clock,
+        hooks: server.hooks,
         watchers,
         stop: stop_rx,
     };

@@ -4,10 +4,42 @@ use std::sync::{Condvar, Mutex};
 
 use lethe_journal::Journal;
 
+/// Owns a value whose drop blocks (a synchronous PostgreSQL client shuts its own runtime down
+/// when dropped, which panics inside an async runtime): drops it on a plain thread.
+pub(crate) struct DropOffRuntime<T: Send + 'static>(Option<T>);
+
+impl<T: Send + 'static> DropOffRuntime<T> {
+    pub(crate) fn new(t: T) -> Self {
+        Self(Some(t))
+    }
+}
+
+impl<T: Send + 'static> std::ops::Deref for DropOffRuntime<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl<T: Send + 'static> Drop for DropOffRuntime<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            let _ = std::thread::spawn(move || drop(t)).join();
+        }
+    }
+}
+
 /// Connections waiting to be used.
 pub(crate) struct Pool {
     free: Mutex<Vec<Journal>>,
     returned: Condvar,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let free = std::mem::take(self.free.get_mut().unwrap_or_else(|p| p.into_inner()));
+        drop(DropOffRuntime::new(free));
+    }
 }
 
 impl Pool {

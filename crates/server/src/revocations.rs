@@ -12,6 +12,8 @@ use std::time::Duration;
 use lethe_journal::Journal;
 use tokio::sync::{mpsc, watch};
 
+use crate::pool::DropOffRuntime;
+
 /// How often open streams' leases are checked: the push latency's bound, plus delivery.
 pub(crate) const POLL: Duration = Duration::from_millis(20);
 
@@ -26,7 +28,7 @@ impl Watchers {
         let w = Arc::new(Self {
             by_lease: Mutex::new(HashMap::new()),
         });
-        tokio::spawn(Arc::clone(&w).poll_until(Arc::new(journal), stop));
+        tokio::spawn(Arc::clone(&w).poll_until(Arc::new(DropOffRuntime::new(journal)), stop));
         w
     }
 
@@ -40,7 +42,11 @@ impl Watchers {
         rx
     }
 
-    async fn poll_until(self: Arc<Self>, journal: Arc<Journal>, mut stop: watch::Receiver<bool>) {
+    async fn poll_until(
+        self: Arc<Self>,
+        journal: Arc<DropOffRuntime<Journal>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;

@@ -1,0 +1,696 @@
+//! `lethe serve` end to end over real HTTP, with the Rust client: one suite run against both
+//! control stores (a SQLite file; PostgreSQL at LETHE_PG15_URL, each test its own database).
+//! Targets are copies of the real-LangGraph SQLite fixtures, so jobs really erase.
+//!
+//! Orderings are forced with hooks and channels, never with sleeps.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use lethe_client::{Client, Sink};
+use lethe_core::clock::{Clock, ManualClock, SystemClock};
+use lethe_core::{MemoryId, Scope, Subject, Tenant};
+use lethe_engine::config::Role;
+use lethe_engine::{Config, Engine, RunOptions};
+use lethe_journal::Journal;
+use lethe_server::{Hooks, Server};
+use serde_json::{json, Value};
+
+const RUNTIME: &str = "runtime-token-for-tests-0001";
+const OPERATOR: &str = "operator-token-for-tests-0001";
+
+const CONFIG: &str = r#"
+[control]
+journal = "JOURNAL"
+policy_version = "test-1"
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-sqlite-checkpointer"
+class = "primary"
+path = "memory/checkpoints.db"
+registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
+metadata = { tenant = "tenant_id", subject = "user_id" }
+
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "memory/store.db"
+namespace = ["{tenant}", "{subject}"]
+"#;
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+/// Where the control store lives.
+#[derive(Clone, Copy)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A config folder with fixture copies, and a running server over it.
+struct Env {
+    dir: tempfile::TempDir,
+    journal: String,
+    engine: Arc<Engine>,
+    clock: Arc<dyn Clock>,
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+fn journal_url(backend: Backend, dir: &Path) -> String {
+    match backend {
+        Backend::Sqlite => format!("sqlite:{}", dir.join("journal.db").display()),
+        Backend::Postgres => {
+            let admin = std::env::var("LETHE_PG15_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+            let name = format!(
+                "lethe_srv_{}_{}",
+                std::process::id(),
+                N.fetch_add(1, SeqCst)
+            );
+            let mut c = postgres::Client::connect(&admin, postgres::NoTls)
+                .expect("PostgreSQL reachable (scripts/test)");
+            c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+            format!("{}/{name}", admin.rsplit_once('/').unwrap().0)
+        }
+    }
+}
+
+impl Env {
+    fn new(backend: Backend, clock: Arc<dyn Clock>) -> Self {
+        Self::with_hooks(backend, clock, Hooks::default())
+    }
+
+    fn with_hooks(backend: Backend, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let fx =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
+        std::fs::create_dir(dir.path().join("memory")).unwrap();
+        for f in ["checkpoints.db", "store.db", "app.db"] {
+            std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
+        }
+        let journal = journal_url(backend, dir.path());
+        let cfg = Config::parse(&CONFIG.replace("JOURNAL", &journal), dir.path(), "test").unwrap();
+        let engine = Arc::new(Engine::open(cfg, Arc::clone(&clock)).unwrap());
+        let mut env = Self {
+            dir,
+            journal,
+            engine,
+            clock,
+            addr: String::new(),
+            stop: None,
+            thread: None,
+        };
+        env.start(hooks);
+        env
+    }
+
+    /// Starts a server (again) over the same journal and targets.
+    fn start(&mut self, hooks: Hooks) {
+        let open = || Journal::open_url(&self.journal, self.dir.path()).unwrap();
+        let server = Server {
+            engine: Arc::clone(&self.engine),
+            journals: (0..4).map(|_| open()).collect(),
+            watcher_journal: open(),
+            tokens: vec![
+                (RUNTIME.into(), Role::Runtime),
+                (OPERATOR.into(), Role::Operator),
+            ],
+            clock: Arc::clone(&self.clock),
+            hooks,
+        };
+        let (addr_tx, addr_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx
+                    .send(listener.local_addr().unwrap().to_string())
+                    .unwrap();
+                lethe_server::run(listener, server, async move {
+                    let _ = stop_rx.await;
+                })
+                .await
+            })
+        });
+        self.addr = addr_rx.recv().unwrap();
+        self.stop = Some(stop_tx);
+        self.thread = Some(thread);
+    }
+
+    /// Graceful shutdown; returns what `run` returned.
+    fn shutdown(&mut self) -> std::io::Result<()> {
+        let _ = self.stop.take().unwrap().send(());
+        self.thread.take().unwrap().join().unwrap()
+    }
+
+    fn runtime(&self) -> Client {
+        Client::new(&self.addr, RUNTIME)
+    }
+
+    fn operator(&self) -> Client {
+        Client::new(&self.addr, OPERATOR)
+    }
+
+    /// Asks for a subject erasure over HTTP; returns the job id.
+    fn erase(&self, subject: &str, drain_timeout_s: u64) -> String {
+        let v = self
+            .operator()
+            .create_job(
+                &json!({"tenant": "acme", "subject": subject, "basis": "gdpr-art17",
+                "ticket": "T-1", "drain_timeout_s": drain_timeout_s}),
+            )
+            .unwrap();
+        v["job_id"].as_str().unwrap().to_string()
+    }
+
+    fn job(&self, id: &str) -> Value {
+        self.operator().job(id).unwrap()
+    }
+
+    /// Waits (bounded) until the job leaves REQUESTED: its fence is closed.
+    fn wait_frozen(&self, id: &str) {
+        self.wait_job(id, |v| v["state"] != "REQUESTED");
+    }
+
+    fn wait_job(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = self.job(id);
+            if done(&v) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "job never got there: {v}");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Counts rows in the control store, behind the server's back.
+    fn count(&self, sql: &str) -> i64 {
+        if let Some(path) = self.journal.strip_prefix("sqlite:") {
+            let c = rusqlite::Connection::open(path).unwrap();
+            return c.query_row(sql, [], |r| r.get(0)).unwrap();
+        }
+        let mut c = postgres::Client::connect(&self.journal, postgres::NoTls).unwrap();
+        c.query_one(sql, &[]).unwrap().get(0)
+    }
+
+    /// Permit rows registered for a lease.
+    fn permits_of(&self, lease: i64) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {lease}"
+        ))
+    }
+
+    /// Permit rows registered for a subject's leases.
+    fn permits_for(&self, subject: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM permits p JOIN leases l ON l.lease_id = p.lease_id WHERE l.subject = '{subject}'"
+        ))
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            let _ = self.shutdown();
+        }
+    }
+}
+
+fn code(e: lethe_client::Error) -> String {
+    e.code().unwrap_or("not a refusal").to_string()
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $name() { super::$name(super::Backend::Sqlite) } )*
+        }
+        mod postgres_backend {
+            $( #[test] fn $name() { super::$name(super::Backend::Postgres) } )*
+        }
+    };
+}
+
+both!(
+    permit_round_trip_roles_and_refusals,
+    every_documented_route_is_served,
+    revocation_is_pushed_on_the_stream,
+    thirty_two_workers_get_no_permit_after_the_fence_closes,
+    a_permit_checked_after_the_close_is_refused_and_the_sink_admits_nothing,
+    a_permit_held_forever_leaves_the_job_blocked_whatever_the_lease_ttl,
+    memory_scope_revokes_only_the_lease_that_read_that_version,
+    shutdown_ends_revocation_streams,
+    a_restarted_server_keeps_fences_and_revocations,
+);
+
+fn permit_round_trip_roles_and_refusals(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let lease = rt
+        .take_lease("acme", "bob", &[("memories/k", "v1")], 60_000)
+        .unwrap();
+    let p = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    rt.release_permit(p).unwrap();
+    assert_eq!(code(rt.release_permit(p).unwrap_err()), "no_such_permit");
+    assert_eq!(
+        code(rt.take_permit(999_999, Sink::State).unwrap_err()),
+        "no_such_lease"
+    );
+    assert!(!rt.is_revoked(lease.lease_id).unwrap());
+
+    let anon = Client::new(&env.addr, "not-a-token-at-all-000");
+    assert_eq!(
+        code(anon.take_permit(lease.lease_id, Sink::Tool).unwrap_err()),
+        "unauthorized"
+    );
+    let e = rt.create_job(
+        &json!({"tenant": "acme", "subject": "bob", "basis": "gdpr-art17", "ticket": "T"}),
+    );
+    assert_eq!(
+        code(e.unwrap_err()),
+        "forbidden",
+        "a runtime token cannot run jobs"
+    );
+
+    // Malformed input: clear codes, nothing registered.
+    let bad = rt.call(
+        "POST",
+        "/v1/permits",
+        Some(&json!({"lease_id": lease.lease_id, "sink": "email"})),
+    );
+    assert_eq!(code(bad.unwrap_err()), "bad_request");
+    let bad = rt.call(
+        "POST",
+        "/v1/leases",
+        Some(&json!({"tenant": "acme", "subject": "bob", "colour": 1})),
+    );
+    assert_eq!(
+        code(bad.unwrap_err()),
+        "bad_request",
+        "unknown fields are refused"
+    );
+    let bad = rt.call(
+        "POST",
+        "/v1/leases",
+        Some(&json!({"tenant": "", "subject": "bob"})),
+    );
+    assert_eq!(code(bad.unwrap_err()), "bad_request");
+    assert_eq!(
+        env.permits_of(lease.lease_id),
+        1,
+        "only the one permit was registered"
+    );
+    let e = env.operator().create_job(&json!({"tenant": "acme", "subject": "bob", "basis": "gdpr-art17", "ticket": "T", "extra": 1}));
+    assert_eq!(code(e.unwrap_err()), "bad_request");
+}
+
+fn every_documented_route_is_served(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let op = env.operator();
+    let doc: Value = op.call("GET", "/v1/openapi.json", None).unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 9, "{paths:?}");
+    for (path, ops) in paths {
+        for method in ops.as_object().unwrap().keys() {
+            if path == "/v1/revocations" {
+                continue; // a stream; served in its own test
+            }
+            let concrete = path
+                .replace("{lease_id}", "1")
+                .replace("{permit_id}", "1")
+                .replace("{job_id}", "del-000000000000");
+            let body = (method == "post").then(|| json!({}));
+            if let Err(e) = op.call(&method.to_uppercase(), &concrete, body.as_ref()) {
+                assert_ne!(
+                    code(e),
+                    "not_found",
+                    "{method} {path} is documented but not routed"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        code(op.call("GET", "/v1/nothing", None).unwrap_err()),
+        "not_found"
+    );
+}
+
+fn revocation_is_pushed_on_the_stream(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let alice = rt.take_lease("acme", "alice", &[], 60_000).unwrap();
+    let bob = rt.take_lease("acme", "bob", &[], 60_000).unwrap();
+    let mut stream = rt.revocations(&[alice.lease_id, bob.lease_id]).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let id = stream.next_revoked().unwrap();
+        tx.send((id, Instant::now())).unwrap();
+    });
+    let asked = Instant::now();
+    let job = env.erase("alice", 30);
+    let (id, at) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a revocation event");
+    reader.join().unwrap();
+    assert_eq!(id, Some(alice.lease_id), "only alice's lease is revoked");
+    eprintln!(
+        "revocation pushed {:?} after the job was asked for",
+        at - asked
+    );
+    assert!(!rt.is_revoked(bob.lease_id).unwrap());
+    assert!(rt.is_revoked(alice.lease_id).unwrap());
+    let done = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(done["state"], "COMPLETE", "{done}");
+    // A stream opened after the revocation reports it at once.
+    let mut late = rt.revocations(&[alice.lease_id]).unwrap();
+    assert_eq!(late.next_revoked().unwrap(), Some(alice.lease_id));
+    assert_eq!(
+        late.next_revoked().unwrap(),
+        None,
+        "the stream ends once every lease was reported"
+    );
+}
+
+fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
+    const WORKERS: usize = 32;
+    let env = Env::new(b, Arc::new(SystemClock));
+    let stop = Arc::new(AtomicBool::new(false));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(WORKERS + 1));
+    // Even workers run for alice (erased), odd ones for bob (must keep working).
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|i| {
+            let (addr, stop, granted, start) = (
+                env.addr.clone(),
+                Arc::clone(&stop),
+                Arc::clone(&granted),
+                Arc::clone(&start),
+            );
+            std::thread::spawn(move || {
+                let c = Client::new(addr, RUNTIME);
+                let subject = if i % 2 == 0 { "alice" } else { "bob" };
+                let lease = c.take_lease("acme", subject, &[], 600_000).unwrap();
+                start.wait();
+                let (mut ok, mut ok_after_refusal, mut refused) = (0u64, 0u64, 0u64);
+                while !stop.load(SeqCst) {
+                    match c.take_permit(lease.lease_id, Sink::State) {
+                        Ok(p) => {
+                            ok += 1;
+                            granted.fetch_add(1, SeqCst);
+                            if refused > 0 {
+                                ok_after_refusal += 1;
+                            }
+                            c.release_permit(p).unwrap();
+                        }
+                        Err(e) => {
+                            assert_eq!(code(e), "revoked", "worker {i}");
+                            refused += 1;
+                        }
+                    }
+                }
+                (subject, lease.lease_id, ok, ok_after_refusal, refused)
+            })
+        })
+        .collect();
+    start.wait();
+    while granted.load(SeqCst) < 200 {
+        std::thread::yield_now();
+    }
+    let job = env.erase("alice", 30);
+    env.wait_frozen(&job);
+    // The fence has closed: from here on, alice's leases must not gain a single permit row.
+    let alice_at_close = env.permits_for("alice");
+    let granted_at_close = granted.load(SeqCst);
+    while granted.load(SeqCst) < granted_at_close + 200 {
+        std::thread::yield_now(); // bob's workers keep going
+    }
+    stop.store(true, SeqCst);
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let done = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(
+        done["state"], "COMPLETE",
+        "every permit from before the close drained: {done}"
+    );
+    for (subject, lease, ok, ok_after_refusal, refused) in &results {
+        assert_eq!(
+            *ok_after_refusal, 0,
+            "a {subject} worker got a permit after being refused"
+        );
+        if *subject == "alice" {
+            assert!(
+                *refused > 0,
+                "every alice worker was refused after the close"
+            );
+            assert_eq!(
+                env.permits_of(*lease) as u64,
+                *ok,
+                "no permit row beyond those granted"
+            );
+        } else {
+            assert_eq!(*refused, 0, "bob was never refused");
+        }
+    }
+    assert_eq!(
+        env.permits_for("alice"),
+        alice_at_close,
+        "a permit was registered after the close"
+    );
+    let bob_total: u64 = results.iter().filter(|r| r.0 == "bob").map(|r| r.2).sum();
+    assert!(bob_total > 0);
+}
+
+fn a_permit_checked_after_the_close_is_refused_and_the_sink_admits_nothing(b: Backend) {
+    // The worker's request reaches the gate, then stops just before the check-and-register;
+    // the fence closes; then the request goes on.
+    let (arrived_tx, arrived_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (arrived_tx, go_rx) = (
+        std::sync::Mutex::new(arrived_tx),
+        std::sync::Mutex::new(go_rx),
+    );
+    let armed = Arc::new(AtomicBool::new(false));
+    let hook_armed = Arc::clone(&armed);
+    let hooks = Hooks {
+        before_permit: Some(Arc::new(move || {
+            if hook_armed.swap(false, SeqCst) {
+                arrived_tx.lock().unwrap().send(()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+            }
+        })),
+    };
+    let env = Env::with_hooks(b, Arc::new(SystemClock), hooks);
+    let lease = env
+        .runtime()
+        .take_lease("acme", "alice", &[], 60_000)
+        .unwrap();
+    let sink_admitted = Arc::new(AtomicUsize::new(0));
+    armed.store(true, SeqCst);
+    let (addr, admitted) = (env.addr.clone(), Arc::clone(&sink_admitted));
+    let worker = std::thread::spawn(move || {
+        let c = Client::new(addr, RUNTIME);
+        match c.take_permit(lease.lease_id, Sink::State) {
+            Ok(p) => {
+                admitted.fetch_add(1, SeqCst); // the sink accepts only under a permit
+                c.release_permit(p).unwrap();
+                "granted".to_string()
+            }
+            Err(e) => code(e),
+        }
+    });
+    arrived_rx.recv().unwrap();
+    let job = env.erase("alice", 30);
+    env.wait_frozen(&job);
+    go_tx.send(()).unwrap();
+    assert_eq!(worker.join().unwrap(), "revoked");
+    assert_eq!(sink_admitted.load(SeqCst), 0, "the sink admitted nothing");
+    assert_eq!(
+        env.permits_of(lease.lease_id),
+        0,
+        "no permit was registered"
+    );
+    let done = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(done["state"], "COMPLETE", "{done}");
+}
+
+fn a_permit_held_forever_leaves_the_job_blocked_whatever_the_lease_ttl(b: Backend) {
+    // A manual clock: the engine's drain wait and the lease TTL pass without sleeping.
+    let clock = Arc::new(ManualClock::new(
+        time::macros::datetime!(2026-12-02 10:00 UTC),
+    ));
+    let env = Env::new(b, clock.clone());
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "alice", &[], 1_000).unwrap();
+    let held = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    clock.advance(Duration::from_secs(3600)); // the lease's TTL is long past
+    let job = env.erase("alice", 5);
+    let v = env.wait_job(&job, |v| {
+        v["state"] == "BLOCKED" || v["state"] == "COMPLETE"
+    });
+    assert_eq!(v["state"], "BLOCKED", "{v}");
+    assert_eq!(v["blocked_reason"], "undrained");
+    assert_eq!(v["certificate"], Value::Null);
+    // New leases for alice are refused while the job is open.
+    assert_eq!(
+        code(rt.take_lease("acme", "alice", &[], 1_000).unwrap_err()),
+        "fenced"
+    );
+    // The holder confirms it aborted; the job can finish.
+    rt.confirm_cancelled(held).unwrap();
+    let out = env
+        .engine
+        .resume(&job, &RunOptions::default(), &mut |_| {})
+        .unwrap();
+    assert_eq!(out.state.to_string(), "COMPLETE");
+    // After completion the subject can be served again, at the new epoch.
+    let fresh = rt.take_lease("acme", "alice", &[], 1_000).unwrap();
+    assert_eq!(fresh.epoch, lease.epoch + 1);
+}
+
+fn memory_scope_revokes_only_the_lease_that_read_that_version(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    // Two of alice's memories, and the versions the store holds for them.
+    let store = env.dir.path().join("memory/store.db");
+    let c = rusqlite::Connection::open(&store).unwrap();
+    let mut q = c
+        .prepare("SELECT key FROM store WHERE prefix = 'acme.alice.memories' ORDER BY key LIMIT 2")
+        .unwrap();
+    let keys: Vec<String> = q
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(keys.len(), 2);
+    let version_of = |key: &str| {
+        let scope = Scope::Memory {
+            tenant: Tenant::new("acme").unwrap(),
+            subject: Subject::new("alice").unwrap(),
+            memory: MemoryId::new(format!("memories/{key}")).unwrap(),
+            version: None,
+        };
+        let t = env
+            .engine
+            .targets()
+            .iter()
+            .find(|t| t.name == "memories")
+            .unwrap();
+        t.adapter
+            .current_version(&scope)
+            .unwrap()
+            .unwrap()
+            .as_str()
+            .to_string()
+    };
+    let (m1, m2) = (
+        format!("memories/{}", keys[0]),
+        format!("memories/{}", keys[1]),
+    );
+    let (v1, v2) = (version_of(&keys[0]), version_of(&keys[1]));
+    let rt = env.runtime();
+    let read_m1 = rt
+        .take_lease("acme", "alice", &[(&m1, &v1)], 60_000)
+        .unwrap();
+    let read_m2 = rt
+        .take_lease("acme", "alice", &[(&m2, &v2)], 60_000)
+        .unwrap();
+    let v = env
+        .operator()
+        .create_job(&json!({"tenant": "acme", "subject": "alice", "memory": m1, "basis": "gdpr-art17", "ticket": "T"}))
+        .unwrap();
+    let job = v["job_id"].as_str().unwrap().to_string();
+    let done = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(done["state"], "COMPLETE", "{done}");
+    assert_eq!(
+        code(rt.take_permit(read_m1.lease_id, Sink::Output).unwrap_err()),
+        "revoked"
+    );
+    // The lease that read another memory works throughout, and alice can still be served.
+    let p = rt.take_permit(read_m2.lease_id, Sink::Output).unwrap();
+    rt.release_permit(p).unwrap();
+    assert!(!rt.is_revoked(read_m2.lease_id).unwrap());
+    // A new lease that read the erased version is refused at its first permit.
+    let again = rt
+        .take_lease("acme", "alice", &[(&m1, &v1)], 60_000)
+        .unwrap();
+    assert_eq!(
+        code(rt.take_permit(again.lease_id, Sink::Tool).unwrap_err()),
+        "tombstoned"
+    );
+}
+
+fn shutdown_ends_revocation_streams(b: Backend) {
+    let mut env = Env::new(b, Arc::new(SystemClock));
+    let lease = env
+        .runtime()
+        .take_lease("acme", "bob", &[], 60_000)
+        .unwrap();
+    let mut stream = env.runtime().revocations(&[lease.lease_id]).unwrap();
+    let reader = std::thread::spawn(move || stream.next_revoked().unwrap());
+    env.shutdown().expect("graceful shutdown");
+    assert_eq!(
+        reader.join().unwrap(),
+        None,
+        "the stream ended without a revocation"
+    );
+    assert!(
+        env.runtime().take_lease("acme", "bob", &[], 1_000).is_err(),
+        "nothing listens"
+    );
+}
+
+fn a_restarted_server_keeps_fences_and_revocations(b: Backend) {
+    let clock = Arc::new(ManualClock::new(
+        time::macros::datetime!(2026-12-02 10:00 UTC),
+    ));
+    let mut env = Env::new(b, clock.clone());
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "alice", &[], 60_000).unwrap();
+    let held = rt.take_permit(lease.lease_id, Sink::State).unwrap();
+    let job = env.erase("alice", 1);
+    let v = env.wait_job(&job, |v| {
+        v["state"] == "BLOCKED" || v["state"] == "COMPLETE"
+    });
+    assert_eq!(v["blocked_reason"], "undrained", "{v}");
+    env.shutdown().unwrap();
+    env.start(Hooks::default());
+    let rt = env.runtime();
+    assert!(
+        rt.is_revoked(lease.lease_id).unwrap(),
+        "the revocation survived"
+    );
+    assert_eq!(
+        code(rt.take_permit(lease.lease_id, Sink::State).unwrap_err()),
+        "revoked"
+    );
+    assert_eq!(
+        code(rt.take_lease("acme", "alice", &[], 1_000).unwrap_err()),
+        "fenced",
+        "the fence survived"
+    );
+    rt.release_permit(held).unwrap();
+    let out = env
+        .engine
+        .resume(&job, &RunOptions::default(), &mut |_| {})
+        .unwrap();
+    assert_eq!(out.state.to_string(), "COMPLETE");
+}
