@@ -1,0 +1,206 @@
+//! `lethe serve` as a real process: config errors refuse to start, and a server SIGKILLed
+//! mid-job loses nothing (epochs, revocations and fences live in the control store), so the job
+//! resumes after a restart.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lethe_client::{Client, Sink};
+use serde_json::{json, Value};
+
+const RUNTIME: &str = "runtime-token-serve-test-01";
+const OPERATOR: &str = "operator-token-serve-test-01";
+
+const CONFIG: &str = r#"
+[control]
+journal = "sqlite:lethe-journal.db"
+policy_version = "test-1"
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-sqlite-checkpointer"
+class = "primary"
+path = "memory/checkpoints.db"
+registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
+metadata = { tenant = "tenant_id", subject = "user_id" }
+
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "memory/store.db"
+namespace = ["{tenant}", "{subject}"]
+
+[serve]
+listen = "127.0.0.1:0"
+pool = 4
+
+[[serve.token]]
+role = "runtime"
+token_file = "runtime.token"
+
+[[serve.token]]
+role = "operator"
+token_file = "operator.token"
+"#;
+
+fn setup(config: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
+    std::fs::create_dir(dir.path().join("memory")).unwrap();
+    for f in ["checkpoints.db", "store.db", "app.db"] {
+        std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
+    }
+    std::fs::write(dir.path().join("lethe.toml"), config).unwrap();
+    std::fs::write(dir.path().join("runtime.token"), format!("{RUNTIME}\n")).unwrap();
+    std::fs::write(dir.path().join("operator.token"), format!("{OPERATOR}\n")).unwrap();
+    dir
+}
+
+fn lethe(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
+    c.arg("--config")
+        .arg(dir.join("lethe.toml"))
+        .env_remove("LETHE_LOG");
+    c
+}
+
+/// Starts `lethe serve`; returns the child and the address it printed.
+fn serve(dir: &Path) -> (Child, String) {
+    let mut child = lethe(dir)
+        .arg("serve")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("Listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_string();
+    (child, addr)
+}
+
+fn wait_job(op: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = op.job(id).unwrap();
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "job never got there: {v}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_server_killed_mid_job_loses_nothing_and_the_job_resumes() {
+    let dir = setup(CONFIG);
+    let (mut server, addr) = serve(dir.path());
+    let rt = Client::new(&addr, RUNTIME);
+    let op = Client::new(&addr, OPERATOR);
+    let lease = rt.take_lease("acme", "alice", &[], 600_000).unwrap();
+    let held = rt.take_permit(lease.lease_id, Sink::State).unwrap();
+    let job = op
+        .create_job(&json!({"tenant": "acme", "subject": "alice", "basis": "gdpr-art17", "ticket": "T-9", "drain_timeout_s": 600}))
+        .unwrap();
+    let job = job["job_id"].as_str().unwrap().to_string();
+    // The job is FROZEN, waiting for the held permit to drain, when the server dies.
+    let v = wait_job(&op, &job, |v| v["state"] != "REQUESTED");
+    assert_eq!(v["state"], "FROZEN", "{v}");
+    server.kill().unwrap(); // SIGKILL
+    server.wait().unwrap();
+
+    let (mut server, addr) = serve(dir.path());
+    let rt = Client::new(&addr, RUNTIME);
+    assert!(
+        rt.is_revoked(lease.lease_id).unwrap(),
+        "the revocation survived"
+    );
+    assert_eq!(
+        rt.take_permit(lease.lease_id, Sink::Tool)
+            .unwrap_err()
+            .code(),
+        Some("revoked")
+    );
+    assert_eq!(
+        rt.take_lease("acme", "alice", &[], 1_000)
+            .unwrap_err()
+            .code(),
+        Some("fenced"),
+        "the fence survived"
+    );
+    assert!(
+        rt.take_lease("acme", "bob", &[], 1_000).is_ok(),
+        "other subjects are served"
+    );
+    // The held work is cancelled; the job another process left is picked up and finishes.
+    rt.confirm_cancelled(held).unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let out = lethe(dir.path()).args(["work", "--json"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(done[0]["job_id"], job.as_str());
+    assert_eq!(done[0]["state"], "COMPLETE");
+    let (mut server, addr) = serve(dir.path());
+    let fresh = Client::new(&addr, RUNTIME)
+        .take_lease("acme", "alice", &[], 1_000)
+        .unwrap();
+    assert_eq!(fresh.epoch, lease.epoch + 1, "the epoch was bumped once");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
+
+#[test]
+fn bad_serve_config_refuses_to_start_with_a_clear_message() {
+    let cases = [
+        (
+            CONFIG
+                .replace(
+                    "[[serve.token]]\nrole = \"operator\"\ntoken_file = \"operator.token\"\n",
+                    "",
+                )
+                .replace(
+                    "[[serve.token]]\nrole = \"runtime\"\ntoken_file = \"runtime.token\"\n",
+                    "",
+                ),
+            "has no token",
+        ),
+        (
+            CONFIG.replace("role = \"operator\"", "role = \"admin\""),
+            "role 'admin' is unknown",
+        ),
+        (
+            CONFIG.replace("pool = 4", "pool = 4\nthreads = 2"),
+            "unknown field",
+        ),
+        (
+            CONFIG.replace("operator.token", "missing.token"),
+            "missing.token",
+        ),
+    ];
+    for (config, expected) in cases {
+        let dir = setup(&config);
+        let out = lethe(dir.path()).arg("serve").output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{expected}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "wanted '{expected}' in: {err}");
+    }
+    let dir = setup(CONFIG);
+    std::fs::write(dir.path().join("runtime.token"), "short\n").unwrap();
+    let out = lethe(dir.path()).arg("serve").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+}
