@@ -1,0 +1,106 @@
+"""Starts a real `lethe serve` for a test: a fresh config and journal in a temp dir, port 0, the
+bound address read from what the server prints. The binary is $LETHE_BIN, else
+<repo>/target/debug/lethe (tests/e2e/python_client.sh builds it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import lethe_gate
+
+REPO = Path(__file__).resolve().parents[3]
+ADDR = re.compile(rb"(127\.0\.0\.1:\d+)")
+
+
+def lethe_bin() -> str:
+    b = os.environ.get("LETHE_BIN") or str(REPO / "target" / "debug" / "lethe")
+    if not os.access(b, os.X_OK):
+        raise RuntimeError(f"no lethe binary at {b}: run `cargo build -p lethe-cli` or set LETHE_BIN")
+    return b
+
+
+class Server:
+    """A `lethe serve` process with a runtime and an operator token."""
+
+    def __init__(self, extra_toml: str = "") -> None:
+        self.dir = tempfile.TemporaryDirectory(prefix="lethe-pyclient-")
+        d = Path(self.dir.name)
+        self.runtime_token = "rt-" + secrets.token_hex(16)
+        self.operator_token = "op-" + secrets.token_hex(16)
+        self.config = d / "lethe.toml"
+        self.config.write_text(
+            f"""[control]
+journal = "sqlite:journal.db"
+policy_version = "pyclient-test"
+
+[server]
+listen = "127.0.0.1:0"
+
+[[server.token]]
+token = "{self.runtime_token}"
+role = "runtime"
+
+[[server.token]]
+token = "{self.operator_token}"
+role = "operator"
+{extra_toml}"""
+        )
+        self.log = d / "serve.log"
+        self._log = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            [lethe_bin(), "--config", str(self.config), "serve"],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=d,
+        )
+        self.url = self._read_address(timeout=30)
+
+    def _read_address(self, timeout: float) -> str:
+        found: list[str] = []
+        done = threading.Event()
+
+        def read() -> None:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                m = ADDR.search(line)
+                if m and not found:
+                    found.append("http://" + m.group(1).decode())
+                    done.set()
+            done.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not done.wait(timeout) or not found:
+            self.stop()
+            raise RuntimeError(f"lethe serve printed no address; its log:\n{self.log.read_text()}")
+        return found[0]
+
+    def client(self, operator: bool = False, **kw) -> lethe_gate.GateClient:
+        return lethe_gate.GateClient(self.url, self.operator_token if operator else self.runtime_token, **kw)
+
+    def wait_job(self, op: lethe_gate.GateClient, job_id: str, states=("COMPLETE",), timeout: float = 20) -> dict:
+        """Polls the job until it is in one of ``states``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            j = op.job(job_id)
+            if j["state"] in states:
+                return j
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {j['state']}, not {states}, after {timeout} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        self.dir.cleanup()
