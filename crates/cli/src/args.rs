@@ -136,6 +136,15 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve the gate over HTTP for agent runtimes in other processes (leases, permits, the
+    /// revocation stream) and jobs for operators. Needs `[serve]` with at least one
+    /// `[[serve.token]]` in the config. Prints `Listening on http://ADDR` once bound; stops
+    /// gracefully on Ctrl-C or SIGTERM. The API is described at GET /v1/openapi.json.
+    Serve {
+        /// Address to bind, overriding `serve.listen` (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<String>,
+    },
     /// Show or verify a certificate.
     Certificate {
         #[command(subcommand)]

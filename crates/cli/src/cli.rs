@@ -27,7 +27,7 @@ impl From<EngineError> for Exit {
     }
 }
 
-fn bad(msg: impl std::fmt::Display) -> Exit {
+pub(crate) fn bad(msg: impl std::fmt::Display) -> Exit {
     Exit(2, anyhow::anyhow!("{msg}"))
 }
 
@@ -191,6 +191,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
     let config = args.config;
     match args.command {
         Command::Demo { dir } => crate::demo::run(&dir),
+        Command::Serve { listen } => crate::serve::run(&config, listen),
         Command::Targets { json } => {
             let engine = open_engine(&config)?;
             let mut rows = Vec::new();

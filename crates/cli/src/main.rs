@@ -6,6 +6,7 @@ mod args;
 mod cli;
 mod demo;
 mod output;
+mod serve;
 
 use clap::Parser;
 

@@ -67,6 +67,52 @@ struct Raw {
     control: Option<RawControl>,
     #[serde(default)]
     target: Vec<toml::Table>,
+    serve: Option<RawServe>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServe {
+    listen: Option<String>,
+    pool: Option<usize>,
+    #[serde(default)]
+    token: Vec<RawToken>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    role: String,
+    token_file: PathBuf,
+}
+
+/// What a bearer token may do at `lethe serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// An agent runtime: the gate's endpoints only.
+    Runtime,
+    /// An operator: the gate and jobs.
+    Operator,
+}
+
+/// One bearer token of `[serve]`: its role and the file holding it.
+#[derive(Debug, Clone)]
+pub struct TokenSpec {
+    /// What the token may do.
+    pub role: Role,
+    /// The file holding the token (one line); read when the server starts.
+    pub token_file: PathBuf,
+}
+
+/// The `[serve]` section: how `lethe serve` listens and whom it lets in.
+#[derive(Debug, Clone)]
+pub struct Serve {
+    /// Address to bind, e.g. `127.0.0.1:7400`.
+    pub listen: String,
+    /// Connections to the control store for gate requests.
+    pub pool: usize,
+    /// The bearer tokens.
+    pub tokens: Vec<TokenSpec>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -96,6 +142,8 @@ pub struct Config {
     pub batch_size: usize,
     /// The targets, in file order.
     pub targets: Vec<Target>,
+    /// `[serve]`, for `lethe serve`.
+    pub serve: Serve,
 }
 
 impl Config {
@@ -157,6 +205,40 @@ impl Config {
             ));
         }
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        let serve = match raw.serve {
+            None => Serve {
+                listen: "127.0.0.1:7400".into(),
+                pool: 8,
+                tokens: Vec::new(),
+            },
+            Some(s) => {
+                let pool = s.pool.unwrap_or(8);
+                if pool == 0 || pool > 256 {
+                    return Err(invalid("serve.pool must be between 1 and 256".into()));
+                }
+                let mut tokens = Vec::new();
+                for t in s.token {
+                    let role = match t.role.as_str() {
+                        "runtime" => Role::Runtime,
+                        "operator" => Role::Operator,
+                        other => {
+                            return Err(invalid(format!(
+                                "serve.token role '{other}' is unknown; use runtime or operator"
+                            )))
+                        }
+                    };
+                    tokens.push(TokenSpec {
+                        role,
+                        token_file: resolve(t.token_file),
+                    });
+                }
+                Serve {
+                    listen: s.listen.unwrap_or_else(|| "127.0.0.1:7400".into()),
+                    pool,
+                    tokens,
+                }
+            }
+        };
         Ok(Self {
             base: base.to_path_buf(),
             journal: c
@@ -167,6 +249,7 @@ impl Config {
             certificates: resolve(c.certificates.unwrap_or_else(|| "certificates".into())),
             batch_size,
             targets,
+            serve,
         })
     }
 }

@@ -329,14 +329,10 @@ impl Engine {
             .release_holds(&self.now_rfc3339(), tenant, subject)?)
     }
 
-    /// Starts (or, for a scope with an open job, continues) an erasure and runs it as far as
-    /// it goes. Bad input fails before anything is journaled or touched.
-    pub fn erase(
-        &self,
-        req: Request,
-        opts: &RunOptions,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<Outcome, EngineError> {
+    /// Validates a request and journals its job (REQUESTED), or finds the job already open for
+    /// the scope; runs nothing. Returns the job id and whether it was created. Bad input fails
+    /// before anything is journaled or touched. [`Engine::resume`] then runs it.
+    pub fn request(&self, req: Request) -> Result<(String, bool), EngineError> {
         self.check_scope(&req.scope)?;
         self.probe_all()?;
         if req.ticket.trim().is_empty() || req.ticket.chars().any(char::is_control) {
@@ -365,7 +361,19 @@ impl Engine {
         };
         let (job, created) = self.journal.create_job(&new)?;
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), created, "Job requested.");
-        let mut out = self.run(&job.job_id, opts, progress)?;
+        Ok((job.job_id, created))
+    }
+
+    /// Starts (or, for a scope with an open job, continues) an erasure and runs it as far as
+    /// it goes. Bad input fails before anything is journaled or touched.
+    pub fn erase(
+        &self,
+        req: Request,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Outcome, EngineError> {
+        let (job_id, created) = self.request(req)?;
+        let mut out = self.run(&job_id, opts, progress)?;
         out.continued = !created;
         Ok(out)
     }

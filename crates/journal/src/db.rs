@@ -90,6 +90,11 @@ pub(crate) trait Tx {
     fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String>;
     /// Runs a query; returns every row.
     fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String>;
+    /// Whether this is PostgreSQL (for the gate's advisory locks, which SQLite does not need:
+    /// its write transactions already serialize).
+    fn is_postgres(&self) -> bool {
+        false
+    }
     /// The first row, if any.
     fn row(&mut self, sql: &str, params: &[V]) -> Result<Option<Row>, String> {
         Ok(self.rows(sql, params)?.into_iter().next())
@@ -204,6 +209,10 @@ pub(crate) fn pg_err(e: postgres::Error) -> String {
 }
 
 impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
+    fn is_postgres(&self) -> bool {
+        true
+    }
+
     fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String> {
         let p = pg_params(params);
         let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =

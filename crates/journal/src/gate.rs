@@ -149,13 +149,35 @@ impl Journal {
         ttl: std::time::Duration,
     ) -> Result<Lease> {
         let (t, s) = (tenant.as_str(), subject.as_str());
+        let expires = millis(now) + ttl.as_millis() as i64;
+        let pairs: Vec<[&str; 2]> = reads
+            .iter()
+            .map(|(m, v)| [m.as_str(), v.as_str()])
+            .collect();
+        let reads_json = serde_json::to_string(&pairs).map_err(|e| self.db(e.to_string()))?;
+        if let Some(rows) = self.pg_query(
+            "SELECT lease_id, epoch, tenant_epoch FROM lethe_take_lease($1, $2, $3, $4)",
+            &[&t, &s, &expires, &reads_json],
+        )? {
+            let r = rows
+                .first()
+                .ok_or_else(|| self.db("lethe_take_lease returned no row".into()))?;
+            let id: i64 = r.get(0);
+            if id == -5 {
+                return Err(GateError::Fenced.into());
+            }
+            return Ok(Lease {
+                id,
+                epoch: r.get::<_, i64>(1) as u64,
+                tenant_epoch: r.get::<_, i64>(2) as u64,
+            });
+        }
         self.write(|tx| {
             if is_fenced(tx, t, s)? {
                 return Err(GateError::Fenced.into());
             }
             let epoch = epoch_of(tx, t, s)?;
             let tenant_epoch = epoch_of(tx, t, "")?;
-            let expires = millis(now) + ttl.as_millis() as i64;
             let id = tx
                 .one(
                     "INSERT INTO leases (tenant, subject, epoch, tenant_epoch, expires_ms) VALUES ($1, $2, $3, $4, $5) RETURNING lease_id",
@@ -178,6 +200,21 @@ impl Journal {
     /// Takes a permit at an acceptance point: one atomic check-and-register. Hold it until the
     /// boundary ends, then [`Journal::release_permit`].
     pub fn take_permit(&self, now: OffsetDateTime, lease: i64, sink: Sink) -> Result<Permit> {
+        if let Some(rows) = self.pg_query(
+            "SELECT lethe_take_permit($1, $2, $3)",
+            &[&lease, &sink.as_str(), &millis(now)],
+        )? {
+            let id: i64 = rows.first().map(|r| r.get(0)).unwrap_or(-1);
+            return match id {
+                -1 => Err(GateError::NoSuchLease.into()),
+                -2 => Err(GateError::Revoked.into()),
+                -3 => Err(GateError::Expired.into()),
+                -4 => Err(GateError::StaleEpoch.into()),
+                -5 => Err(GateError::Fenced.into()),
+                -6 => Err(GateError::Tombstoned.into()),
+                id => Ok(Permit { id }),
+            };
+        }
         self.write(|tx| {
             let row = tx
                 .row("SELECT tenant, subject, epoch, tenant_epoch, expires_ms, revoked_by FROM leases WHERE lease_id = $1", &[V::I(lease)])
@@ -221,7 +258,16 @@ impl Journal {
         })
     }
 
-    fn end_permit(&self, permit: i64, state: &str) -> Result<()> {
+    fn end_permit(&self, permit: i64, state: &'static str) -> Result<()> {
+        // One statement: no lock beyond the row's. A freeze racing it records the permit in
+        // its drain set either way; only an `active` permit counts as undrained.
+        if let Some(rows) = self.pg_query(
+            "WITH u AS (UPDATE permits SET state = $2 WHERE permit_id = $1 AND state = 'active' RETURNING 1) SELECT count(*) FROM u",
+            &[&permit, &state],
+        )? {
+            let n: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
+            return if n == 0 { Err(GateError::NoSuchPermit.into()) } else { Ok(()) };
+        }
         self.write(|tx| {
             let n = tx
                 .exec(
@@ -263,12 +309,42 @@ impl Journal {
         })
     }
 
+    /// Which of these leases are revoked (unknown ids are left out). For the revocation stream.
+    pub fn revoked_among(&self, leases: &[i64]) -> Result<Vec<i64>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        // Bounded statements: SQLite allows 32,766 parameters, PostgreSQL 65,535.
+        for chunk in leases.chunks(1000) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let params: Vec<V> = chunk.iter().map(|&id| V::I(id)).collect();
+            let sql = format!(
+                "SELECT lease_id FROM leases WHERE revoked_by IS NOT NULL AND lease_id IN ({})",
+                marks.join(", ")
+            );
+            let rows = self.read(|tx| tx.rows(&sql, &params).map_err(db))?;
+            out.extend(rows.iter().filter_map(|r| r[0].i()));
+        }
+        Ok(out)
+    }
+
     /// Closes the fence for a REQUESTED job, atomically with the `FenceClosed` entry.
     /// `version` is the memory version to tombstone (memory scope; resolved by the engine).
     pub fn freeze(&self, at: &str, job_id: &str, version: Option<&Version>) -> Result<Freeze> {
         self.write(|tx| {
             let job = load_job(tx, job_id)?;
             let t = job.scope.tenant().as_str().to_string();
+            if tx.is_postgres() {
+                // Exclusive on the scope: waits out every permit and lease transaction of the
+                // scope in flight, and holds new ones until this commits (see schema.rs).
+                let s = match &job.scope {
+                    Scope::Tenant { .. } => "",
+                    Scope::Subject { subject, .. } | Scope::Memory { subject, .. } => subject.as_str(),
+                };
+                tx.exec("SELECT CAST(lethe_gate_lock($1, $2, true) AS TEXT)", &[t.as_str().into(), s.into()])
+                    .map_err(db)?;
+            }
             // The leases the freeze affects, as a condition on `leases l` with $1 = tenant,
             // $2 = subject, $3 = memory, $4 = version.
             let (subject_epoch, tenant_epoch, affected, s, m, v) = match &job.scope {

@@ -74,6 +74,8 @@ pub enum JournalError {
 /// Shorthand for this crate's results.
 pub type Result<T, E = JournalError> = std::result::Result<T, E>;
 
+// One Backend per Journal, made once: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Backend {
     Sqlite {
         conn: Mutex<rusqlite::Connection>,
@@ -82,6 +84,8 @@ enum Backend {
     },
     Postgres {
         client: Mutex<postgres::Client>,
+        /// The gate's hot statements, prepared once on `client` (each saves a round trip).
+        prepared: Mutex<HashMap<&'static str, postgres::Statement>>,
         /// Kept to open a claim's own connection.
         config: Box<postgres::Config>,
     },
@@ -193,6 +197,7 @@ impl Journal {
         let j = Self {
             backend: Backend::Postgres {
                 client: Mutex::new(client),
+                prepared: Mutex::default(),
                 config: Box::new(config),
             },
             shown,
@@ -245,6 +250,36 @@ impl Journal {
             Backend::Sqlite { conn, .. } => f(&mut SqliteTx(&lock(conn))),
             Backend::Postgres { client, .. } => f(&mut PgTx(&mut *lock(client))),
         }
+    }
+
+    /// On PostgreSQL, runs one statement (its own transaction) prepared once per connection;
+    /// `None` on SQLite, where the caller takes the general path.
+    pub(crate) fn pg_query(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> Result<Option<Vec<postgres::Row>>> {
+        let Backend::Postgres {
+            client, prepared, ..
+        } = &self.backend
+        else {
+            return Ok(None);
+        };
+        let mut client = lock(client);
+        let mut prepared = lock(prepared);
+        let stmt = match prepared.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = client.prepare(sql).map_err(|e| self.db(db::pg_err(e)))?;
+                prepared.insert(sql, s.clone());
+                s
+            }
+        };
+        drop(prepared);
+        client
+            .query(&stmt, params)
+            .map(Some)
+            .map_err(|e| self.db(db::pg_err(e)))
     }
 
     /// A new connection to the same PostgreSQL store (for a claim), or `None` on SQLite.

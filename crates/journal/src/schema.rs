@@ -132,6 +132,91 @@ CREATE TABLE IF NOT EXISTS drain (
 );
 "#;
 
+/// The gate's hot paths on PostgreSQL, each one statement (one round trip, one transaction).
+/// They take per-scope advisory locks instead of the journal's one write lock, so permits for
+/// different subjects do not queue behind each other, while a freeze (which takes the same
+/// locks exclusively) still linearizes with every permit and lease of its scope:
+/// - class 1818588264, key hashtext(tenant): shared by every gate operation of the tenant,
+///   exclusive for a tenant-scope freeze;
+/// - class 1818588265, key hashtext(tenant, US, subject): shared by permits and leases,
+///   exclusive for a subject- or memory-scope freeze.
+///
+/// A hash collision only makes two scopes queue behind each other. Every statement inside a
+/// VOLATILE plpgsql function takes a new snapshot, so what runs after the lock sees every
+/// freeze that committed before the lock was granted.
+const PG_GATE_FUNCTIONS: [&str; 3] = [
+    r#"CREATE OR REPLACE FUNCTION lethe_gate_lock(p_tenant TEXT, p_subject TEXT, p_exclusive BOOLEAN)
+RETURNS VOID LANGUAGE plpgsql AS $f$
+BEGIN
+    IF p_subject = '' AND p_exclusive THEN
+        PERFORM pg_advisory_xact_lock(1818588264, hashtext(p_tenant));
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(1818588264, hashtext(p_tenant));
+    IF p_subject <> '' THEN
+        IF p_exclusive THEN
+            PERFORM pg_advisory_xact_lock(1818588265, hashtext(p_tenant || chr(31) || p_subject));
+        ELSE
+            PERFORM pg_advisory_xact_lock_shared(1818588265, hashtext(p_tenant || chr(31) || p_subject));
+        END IF;
+    END IF;
+END $f$"#,
+    // Returns the new permit's id, or a refusal code: -1 no such lease, -2 revoked,
+    // -3 expired, -4 stale epoch, -5 fenced, -6 tombstoned.
+    r#"CREATE OR REPLACE FUNCTION lethe_take_permit(p_lease BIGINT, p_sink TEXT, p_now BIGINT)
+RETURNS BIGINT LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    l leases%ROWTYPE;
+    id BIGINT;
+BEGIN
+    SELECT * INTO l FROM leases WHERE lease_id = p_lease;
+    IF NOT FOUND THEN RETURN -1; END IF;
+    PERFORM lethe_gate_lock(l.tenant, l.subject, false);
+    SELECT * INTO l FROM leases WHERE lease_id = p_lease;
+    IF l.revoked_by IS NOT NULL THEN RETURN -2; END IF;
+    IF l.expires_ms <= p_now THEN RETURN -3; END IF;
+    IF l.epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = l.subject), 0)
+       OR l.tenant_epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = ''), 0) THEN
+        RETURN -4;
+    END IF;
+    IF EXISTS (SELECT 1 FROM fences f WHERE f.tenant = l.tenant AND f.subject IN (l.subject, '')) THEN
+        RETURN -5;
+    END IF;
+    IF EXISTS (SELECT 1 FROM lease_reads r JOIN tombstones t ON t.memory_id = r.memory_id AND t.version = r.version
+                WHERE r.lease_id = p_lease AND t.tenant = l.tenant AND t.subject = l.subject) THEN
+        RETURN -6;
+    END IF;
+    INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES (p_lease, p_sink, 'active', p_now)
+        RETURNING permit_id INTO id;
+    RETURN id;
+END $f$"#,
+    // Returns (lease id, epoch, tenant epoch), or (-5, 0, 0) when fenced. p_reads is a JSON
+    // array of [memory_id, version] pairs.
+    r#"CREATE OR REPLACE FUNCTION lethe_take_lease(p_tenant TEXT, p_subject TEXT, p_expires BIGINT, p_reads TEXT)
+RETURNS TABLE (lease_id BIGINT, epoch BIGINT, tenant_epoch BIGINT) LANGUAGE plpgsql AS $f$
+#variable_conflict use_column
+DECLARE
+    e BIGINT;
+    te BIGINT;
+    id BIGINT;
+BEGIN
+    PERFORM lethe_gate_lock(p_tenant, p_subject, false);
+    IF EXISTS (SELECT 1 FROM fences f WHERE f.tenant = p_tenant AND f.subject IN (p_subject, '')) THEN
+        RETURN QUERY SELECT CAST(-5 AS BIGINT), CAST(0 AS BIGINT), CAST(0 AS BIGINT);
+        RETURN;
+    END IF;
+    e := COALESCE((SELECT x.epoch FROM epochs x WHERE x.tenant = p_tenant AND x.subject = p_subject), 0);
+    te := COALESCE((SELECT x.epoch FROM epochs x WHERE x.tenant = p_tenant AND x.subject = ''), 0);
+    INSERT INTO leases (tenant, subject, epoch, tenant_epoch, expires_ms)
+        VALUES (p_tenant, p_subject, e, te, p_expires) RETURNING leases.lease_id INTO id;
+    INSERT INTO lease_reads (lease_id, memory_id, version)
+        SELECT id, r ->> 0, r ->> 1 FROM jsonb_array_elements(CAST(p_reads AS jsonb)) AS r
+        ON CONFLICT DO NOTHING;
+    RETURN QUERY SELECT id, e, te;
+END $f$"#,
+];
+
 /// Creates what is missing. Runs inside a write transaction, so concurrent openers serialize.
 pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
     let (int, serial) = match dialect {
@@ -150,6 +235,11 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
         .join("\n");
     for stmt in ddl.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         tx.exec(stmt, &[])?;
+    }
+    if let Dialect::Postgres = dialect {
+        for f in PG_GATE_FUNCTIONS {
+            tx.exec(f, &[])?;
+        }
     }
     tx.exec(
         "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO NOTHING",

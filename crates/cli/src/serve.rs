@@ -1,0 +1,96 @@
+//! `lethe serve`: reads `[serve]`, opens the control-store connections, binds, and hands over
+//! to [`lethe_server::run`] with Ctrl-C / SIGTERM as the shutdown signal.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use lethe_core::clock::SystemClock;
+use lethe_engine::{Config, Engine};
+use lethe_journal::Journal;
+
+use crate::cli::{bad, Exit};
+
+/// Shortest token accepted: a bearer token is a password.
+const MIN_TOKEN_LEN: usize = 16;
+
+pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
+    let cfg = Config::load(config).map_err(bad)?;
+    if cfg.serve.tokens.is_empty() {
+        return Err(bad(
+            "[serve] has no token: add [[serve.token]] with role = \"runtime\" (or \"operator\") and token_file = \"PATH\"",
+        ));
+    }
+    let mut tokens = Vec::new();
+    let mut seen = BTreeSet::new();
+    for t in &cfg.serve.tokens {
+        let shown = t.token_file.display();
+        let text = std::fs::read_to_string(&t.token_file)
+            .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?;
+        let token = text.trim().to_string();
+        if token.len() < MIN_TOKEN_LEN || token.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(bad(format!(
+                "serve.token_file {shown}: a token must be one line of at least {MIN_TOKEN_LEN} visible characters"
+            )));
+        }
+        if !seen.insert(token.clone()) {
+            return Err(bad(format!(
+                "serve.token_file {shown}: the same token is listed twice"
+            )));
+        }
+        tokens.push((token, t.role));
+    }
+    let open = || Journal::open_url(&cfg.journal, &cfg.base).map_err(|e| Exit(1, e.into()));
+    let journals = (0..cfg.serve.pool)
+        .map(|_| open())
+        .collect::<Result<Vec<_>, _>>()?;
+    let watcher_journal = open()?;
+    let listen = listen.unwrap_or_else(|| cfg.serve.listen.clone());
+    let engine = Arc::new(Engine::open(cfg, Arc::new(SystemClock))?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Exit(1, e.into()))?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&listen)
+            .await
+            .map_err(|e| bad(format!("cannot listen on {listen}: {e}")))?;
+        let addr = listener.local_addr().map_err(|e| Exit(1, e.into()))?;
+        println!("Listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+        let server = lethe_server::Server {
+            engine,
+            journals,
+            watcher_journal,
+            tokens,
+            clock: Arc::new(SystemClock),
+        };
+        lethe_server::run(listener, server, shutdown_signal())
+            .await
+            .map_err(|e| Exit(1, e.into()))
+    })?;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

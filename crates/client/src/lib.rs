@@ -1,0 +1,403 @@
+//! A blocking client for the gate of `lethe serve` (HTTP/1.1, JSON), for agent runtimes
+//! written in Rust. Standard library only: one keep-alive connection per [`Client`], plus one
+//! per [`Revocations`] stream.
+//!
+//! ```no_run
+//! use lethe_client::{Client, Sink};
+//! let gate = Client::new("127.0.0.1:7400", "runtime-token");
+//! let lease = gate.take_lease("acme", "alice", &[("memories/k1", "v3")], 60_000)?;
+//! let permit = gate.take_permit(lease.lease_id, Sink::Tool)?; // refused once the fence is closed
+//! // ... dispatch the tool ...
+//! gate.release_permit(permit)?;
+//! # Ok::<(), lethe_client::Error>(())
+//! ```
+//!
+//! The protocol is documented in the server's OpenAPI document (`GET /v1/openapi.json`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// What went wrong. A gate refusal carries the server's stable code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server answered with an error status, e.g. 409 `fenced` or `revoked`.
+    #[error("gate refused ({status} {code}): {message}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// Stable code: fenced, revoked, stale_epoch, tombstoned, expired, no_such_lease,
+        /// no_such_permit, unauthorized, forbidden, bad_request, ...
+        code: String,
+        /// The server's sentence (holds no identifiers).
+        message: String,
+    },
+    /// The connection failed.
+    #[error("gate unreachable: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server's answer did not parse.
+    #[error("gate answered something unexpected: {0}")]
+    Protocol(String),
+}
+
+impl Error {
+    /// The stable refusal code, if the gate refused.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Refused { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// Shorthand for this crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where a permit is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    /// Emitting model output.
+    Output,
+    /// Dispatching a tool.
+    Tool,
+    /// Writing state.
+    State,
+}
+
+impl Sink {
+    fn as_str(self) -> &'static str {
+        match self {
+            Sink::Output => "output",
+            Sink::Tool => "tool",
+            Sink::State => "state",
+        }
+    }
+}
+
+/// A granted lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct Lease {
+    /// Its id.
+    pub lease_id: i64,
+    /// The subject's epoch: the fencing token to copy into what the run writes.
+    pub epoch: u64,
+    /// The tenant's epoch.
+    pub tenant_epoch: u64,
+    /// When its TTL ends (ms since the Unix epoch).
+    pub expires_ms: i64,
+}
+
+/// A granted permit's id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permit(pub i64);
+
+/// A connection to the gate. Requests on one client are serialized; give each worker thread
+/// its own client.
+pub struct Client {
+    addr: String,
+    token: String,
+    conn: Mutex<Option<BufReader<TcpStream>>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("addr", &self.addr).finish()
+    }
+}
+
+impl Client {
+    /// A client for the server at `addr` (`host:port`), authenticating with `token`.
+    pub fn new(addr: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            token: token.into(),
+            conn: Mutex::new(None),
+        }
+    }
+
+    /// Takes a lease for a run that read the subject's memory: `reads` are the
+    /// `(memory_id, version)` pairs it read.
+    pub fn take_lease(
+        &self,
+        tenant: &str,
+        subject: &str,
+        reads: &[(&str, &str)],
+        ttl_ms: u64,
+    ) -> Result<Lease> {
+        let reads: Vec<Value> = reads
+            .iter()
+            .map(|(m, v)| json!({"memory_id": m, "version": v}))
+            .collect();
+        let body = json!({"tenant": tenant, "subject": subject, "reads": reads, "ttl_ms": ttl_ms});
+        let v = self.call("POST", "/v1/leases", Some(&body))?;
+        serde_json::from_value(v).map_err(|e| Error::Protocol(e.to_string()))
+    }
+
+    /// Takes a permit at an acceptance point: one atomic check-and-register at the gate.
+    pub fn take_permit(&self, lease_id: i64, sink: Sink) -> Result<Permit> {
+        let body = json!({"lease_id": lease_id, "sink": sink.as_str()});
+        let v = self.call("POST", "/v1/permits", Some(&body))?;
+        v.get("permit_id")
+            .and_then(Value::as_i64)
+            .map(Permit)
+            .ok_or_else(|| Error::Protocol("no permit_id".into()))
+    }
+
+    /// The boundary ended normally.
+    pub fn release_permit(&self, permit: Permit) -> Result<()> {
+        self.call("DELETE", &format!("/v1/permits/{}", permit.0), None)
+            .map(drop)
+    }
+
+    /// The run aborted the work the permit covered (after a revocation).
+    pub fn confirm_cancelled(&self, permit: Permit) -> Result<()> {
+        self.call("POST", &format!("/v1/permits/{}/cancelled", permit.0), None)
+            .map(drop)
+    }
+
+    /// Whether the lease was revoked.
+    pub fn is_revoked(&self, lease_id: i64) -> Result<bool> {
+        let v = self.call("GET", &format!("/v1/leases/{lease_id}"), None)?;
+        v.get("revoked")
+            .and_then(Value::as_bool)
+            .ok_or_else(|| Error::Protocol("no revoked field".into()))
+    }
+
+    /// Asks for an erasure (operator token): returns the server's JSON (`job_id`, `state`).
+    pub fn create_job(&self, request: &Value) -> Result<Value> {
+        self.call("POST", "/v1/jobs", Some(request))
+    }
+
+    /// A job's outcome (operator token).
+    pub fn job(&self, job_id: &str) -> Result<Value> {
+        self.call("GET", &format!("/v1/jobs/{job_id}"), None)
+    }
+
+    /// Opens the revocation stream for these leases on its own connection.
+    pub fn revocations(&self, leases: &[i64]) -> Result<Revocations> {
+        let ids: Vec<String> = leases.iter().map(i64::to_string).collect();
+        let mut stream = TcpStream::connect(&self.addr)?;
+        stream.set_nodelay(true)?;
+        write!(
+            stream,
+            "GET /v1/revocations?leases={} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
+            ids.join(","),
+            self.addr,
+            self.token
+        )?;
+        let mut reader = BufReader::new(stream);
+        let head = read_head(&mut reader)?;
+        if head.status != 200 {
+            let body = read_body(&mut reader, &head)?;
+            return Err(refusal(head.status, &body));
+        }
+        Ok(Revocations {
+            reader,
+            chunked: head.chunked,
+            pending: String::new(),
+        })
+    }
+
+    /// One request on the keep-alive connection, reconnecting once if the server closed it.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        for attempt in 0..2 {
+            let fresh = guard.is_none();
+            if fresh {
+                let s = TcpStream::connect(&self.addr)?;
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(Duration::from_secs(60)))?;
+                *guard = Some(BufReader::new(s));
+            }
+            let reader = guard.as_mut().expect("connected above");
+            match roundtrip(reader, &self.addr, &self.token, method, path, &body) {
+                Ok((status, bytes)) => {
+                    if status >= 400 {
+                        return Err(refusal(status, &bytes));
+                    }
+                    if bytes.is_empty() {
+                        return Ok(Value::Null);
+                    }
+                    return serde_json::from_slice(&bytes)
+                        .map_err(|e| Error::Protocol(e.to_string()));
+                }
+                // A kept-alive connection the server closed: retry once on a new one. Only
+                // for a stale connection, so a request is never sent twice to a live one.
+                Err(Error::Io(_)) if !fresh && attempt == 0 => *guard = None,
+                Err(e) => {
+                    *guard = None;
+                    return Err(e);
+                }
+            }
+        }
+        Err(Error::Protocol("unreachable retry".into()))
+    }
+}
+
+fn refusal(status: u16, body: &[u8]) -> Error {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    Error::Refused {
+        status,
+        code: s("error"),
+        message: s("message"),
+    }
+}
+
+fn roundtrip(
+    reader: &mut BufReader<TcpStream>,
+    addr: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, Vec<u8>)> {
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    reader.get_mut().write_all(req.as_bytes())?;
+    let head = read_head(reader)?;
+    let bytes = read_body(reader, &head)?;
+    Ok((head.status, bytes))
+}
+
+struct Head {
+    status: u16,
+    length: Option<usize>,
+    chunked: bool,
+}
+
+fn read_head(reader: &mut impl BufRead) -> Result<Head> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::Protocol("bad status line".into()))?;
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+            if k == "content-length" {
+                length = v.parse().ok();
+            } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                chunked = true;
+            }
+        }
+    }
+    Ok(Head {
+        status,
+        length,
+        chunked,
+    })
+}
+
+fn read_body(reader: &mut impl BufRead, head: &Head) -> Result<Vec<u8>> {
+    if head.chunked {
+        let mut out = Vec::new();
+        while let Some(chunk) = read_chunk(reader)? {
+            out.extend_from_slice(&chunk);
+        }
+        return Ok(out);
+    }
+    let mut out = vec![0; head.length.unwrap_or(0)];
+    reader.read_exact(&mut out)?;
+    Ok(out)
+}
+
+/// One chunk of a chunked body; `None` at the last (empty) chunk.
+fn read_chunk(reader: &mut impl BufRead) -> Result<Option<Vec<u8>>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+        .map_err(|_| Error::Protocol("bad chunk size".into()))?;
+    let mut chunk = vec![0; size];
+    reader.read_exact(&mut chunk)?;
+    let mut crlf = [0; 2];
+    reader.read_exact(&mut crlf)?;
+    if size == 0 {
+        return Ok(None);
+    }
+    Ok(Some(chunk))
+}
+
+/// The revocation stream (server-sent events) for a set of leases.
+pub struct Revocations {
+    reader: BufReader<TcpStream>,
+    chunked: bool,
+    pending: String,
+}
+
+impl std::fmt::Debug for Revocations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Revocations").finish_non_exhaustive()
+    }
+}
+
+impl Revocations {
+    /// Blocks until the next revoked lease id; `Ok(None)` when the server ended the stream.
+    pub fn next_revoked(&mut self) -> Result<Option<i64>> {
+        loop {
+            // Complete events end with a blank line.
+            if let Some(end) = self.pending.find("\n\n") {
+                let event: String = self.pending.drain(..end + 2).collect();
+                let mut name = "message";
+                let mut data = String::new();
+                for line in event.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.trim());
+                    }
+                }
+                if name == "revoked" {
+                    let v: Value =
+                        serde_json::from_str(&data).map_err(|e| Error::Protocol(e.to_string()))?;
+                    return v
+                        .get("lease_id")
+                        .and_then(Value::as_i64)
+                        .map(Some)
+                        .ok_or_else(|| Error::Protocol("revoked event without lease_id".into()));
+                }
+                continue;
+            }
+            let bytes = if self.chunked {
+                match read_chunk(&mut self.reader)? {
+                    Some(b) => b,
+                    None => return Ok(None),
+                }
+            } else {
+                let mut line = String::new();
+                if self.reader.read_line(&mut line)? == 0 {
+                    return Ok(None);
+                }
+                line.into_bytes()
+            };
+            self.pending
+                .push_str(&String::from_utf8_lossy(&bytes).replace("\r\n", "\n"));
+        }
+    }
+}

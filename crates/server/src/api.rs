@@ -1,0 +1,416 @@
+//! The routes. Each gate handler authorizes, parses, then runs one control-store transaction
+//! on a blocking thread; nothing here holds gate state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::IntoResponse;
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures_util::Stream;
+use lethe_core::clock::Clock;
+use lethe_core::{Basis, MemoryId, Scope, Subject, Tenant, Version};
+use lethe_engine::config::Role;
+use lethe_engine::{Engine, EngineError, Request, RunOptions};
+use lethe_journal::gate::Sink;
+use lethe_journal::Journal;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::error::ApiError;
+use crate::pool::Pool;
+use crate::revocations::Watchers;
+
+#[derive(Clone)]
+pub(crate) struct State {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) tokens: Arc<Vec<(String, Role)>>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) watchers: Arc<Watchers>,
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+pub(crate) fn router(state: State) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/v1/openapi.json",
+            get(|| async { ([("content-type", "application/json")], crate::OPENAPI) }),
+        )
+        .route("/v1/leases", post(take_lease))
+        .route("/v1/leases/{lease_id}", get(lease_status))
+        .route("/v1/permits", post(take_permit))
+        .route("/v1/permits/{permit_id}", delete(release_permit))
+        .route("/v1/permits/{permit_id}/cancelled", post(confirm_cancelled))
+        .route("/v1/revocations", get(revocations))
+        .route("/v1/jobs", post(create_job))
+        .route("/v1/jobs/{job_id}", get(job))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route; GET /v1/openapi.json lists them",
+            )
+        })
+        .with_state(state)
+}
+
+/// Checks the bearer token; `operator` may do everything a `runtime` may.
+fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiError> {
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Compared in full against every token, so timing says nothing about how much matched.
+    let role = state
+        .tokens
+        .iter()
+        .fold(None, |found, (t, r)| {
+            if constant_time_eq(t.as_bytes(), given.as_bytes()) {
+                Some(*r)
+            } else {
+                found
+            }
+        })
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a bearer token from [serve] is required",
+            )
+        })?;
+    if need == Role::Operator && role != Role::Operator {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this needs an operator token",
+        ));
+    }
+    Ok(())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() || a.is_empty() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    b.map(|Json(t)| t)
+        .map_err(|e| ApiError::bad_request(e.body_text()))
+}
+
+/// Runs a gate call on a pooled connection, off the async threads.
+async fn gate<T: Send + 'static>(
+    state: &State,
+    f: impl FnOnce(&Journal) -> Result<T, lethe_journal::JournalError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let pool = Arc::clone(&state.pool);
+    tokio::task::spawn_blocking(move || pool.with(f))
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .map_err(ApiError::from)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadJson {
+    memory_id: String,
+    version: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseJson {
+    tenant: String,
+    subject: String,
+    #[serde(default)]
+    reads: Vec<ReadJson>,
+    ttl_ms: Option<u64>,
+}
+
+/// The longest lease: a TTL only reclaims ownership, so a long one costs nothing but memory.
+const MAX_TTL_MS: u64 = 24 * 3600 * 1000;
+
+async fn take_lease(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    b: Result<Json<LeaseJson>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let b = body(b)?;
+    let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
+    let tenant = Tenant::new(b.tenant).map_err(bad)?;
+    let subject = Subject::new(b.subject).map_err(bad)?;
+    let reads = b
+        .reads
+        .into_iter()
+        .map(|r| {
+            Ok((
+                MemoryId::new(r.memory_id).map_err(bad)?,
+                Version::new(r.version).map_err(bad)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let ttl = b.ttl_ms.unwrap_or(60_000);
+    if ttl == 0 || ttl > MAX_TTL_MS {
+        return Err(ApiError::bad_request(
+            "ttl_ms must be between 1 and 86400000",
+        ));
+    }
+    let now = state.clock.now();
+    let lease = gate(&state, move |j| {
+        j.take_lease(now, &tenant, &subject, &reads, Duration::from_millis(ttl))
+    })
+    .await?;
+    let expires_ms = (now.unix_timestamp_nanos() / 1_000_000) as i64 + ttl as i64;
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            json!({"lease_id": lease.id, "epoch": lease.epoch, "tenant_epoch": lease.tenant_epoch, "expires_ms": expires_ms}),
+        ),
+    ))
+}
+
+async fn lease_status(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    Path(lease_id): Path<i64>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let revoked = gate(&state, move |j| j.is_revoked(lease_id)).await?;
+    Ok(Json(json!({"lease_id": lease_id, "revoked": revoked})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PermitJson {
+    lease_id: i64,
+    sink: String,
+}
+
+async fn take_permit(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    b: Result<Json<PermitJson>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let b = body(b)?;
+    let sink = match b.sink.as_str() {
+        "output" => Sink::Output,
+        "tool" => Sink::Tool,
+        "state" => Sink::State,
+        _ => return Err(ApiError::bad_request("sink must be output, tool or state")),
+    };
+    let now = state.clock.now();
+    let permit = gate(&state, move |j| j.take_permit(now, b.lease_id, sink)).await?;
+    Ok((StatusCode::CREATED, Json(json!({"permit_id": permit.id}))))
+}
+
+async fn release_permit(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    Path(permit_id): Path<i64>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    gate(&state, move |j| j.release_permit(permit_id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn confirm_cancelled(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    Path(permit_id): Path<i64>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    gate(&state, move |j| j.confirm_cancelled(permit_id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevocationsQuery {
+    leases: String,
+}
+
+/// At most this many leases per stream (one runtime's runs; several streams are fine).
+const MAX_STREAM_LEASES: usize = 10_000;
+
+async fn revocations(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    q: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let mut leases = q
+        .leases
+        .split(',')
+        .map(|s| s.trim().parse::<i64>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| ApiError::bad_request("leases must be comma-separated lease ids"))?;
+    leases.sort_unstable();
+    leases.dedup();
+    if leases.is_empty() || leases.len() > MAX_STREAM_LEASES {
+        return Err(ApiError::bad_request(
+            "leases must list between 1 and 10000 lease ids",
+        ));
+    }
+    // Registered before the first poll, so a lease revoked already is reported at once.
+    let rx = state.watchers.watch(&leases);
+    let stream = futures_util::stream::unfold(
+        (rx, state.stop.clone(), leases.len()),
+        |(mut rx, mut stop, left)| async move {
+            if left == 0 || *stop.borrow() {
+                return None;
+            }
+            tokio::select! {
+                id = rx.recv() => {
+                    let id = id?;
+                    let ev = Event::default().event("revoked").data(json!({"lease_id": id}).to_string());
+                    Some((Ok(ev), (rx, stop, left - 1)))
+                }
+                _ = stop.changed() => None,
+            }
+        },
+    );
+    Ok(Sse::new(stream).keep_alive(
+        KeepAlive::new()
+            .interval(Duration::from_secs(15))
+            .text("keepalive"),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobJson {
+    tenant: String,
+    subject: Option<String>,
+    memory: Option<String>,
+    version: Option<String>,
+    basis: String,
+    ticket: String,
+    deadline: Option<String>,
+    extension_reason: Option<String>,
+    drain_timeout_s: Option<u64>,
+}
+
+fn scope_of(b: &JobJson) -> Result<Scope, ApiError> {
+    let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
+    let tenant = Tenant::new(b.tenant.clone()).map_err(bad)?;
+    Ok(match (&b.subject, &b.memory) {
+        (None, None) => Scope::Tenant { tenant },
+        (None, Some(_)) => return Err(ApiError::bad_request("memory needs subject")),
+        (Some(s), None) => Scope::Subject {
+            tenant,
+            subject: Subject::new(s.clone()).map_err(bad)?,
+        },
+        (Some(s), Some(m)) => Scope::Memory {
+            tenant,
+            subject: Subject::new(s.clone()).map_err(bad)?,
+            memory: MemoryId::new(m.clone()).map_err(bad)?,
+            version: b
+                .version
+                .clone()
+                .map(Version::new)
+                .transpose()
+                .map_err(bad)?,
+        },
+    })
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Input(m) => ApiError::bad_request(m),
+        EngineError::Held { .. } => ApiError::new(StatusCode::CONFLICT, "held", e.to_string()),
+        EngineError::Claimed(_) => ApiError::new(StatusCode::CONFLICT, "claimed", e.to_string()),
+        EngineError::Journal(j) => j.into(),
+        e => {
+            tracing::error!(error = %e, "Job request failed.");
+            ApiError::unavailable()
+        }
+    }
+}
+
+async fn create_job(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    b: Result<Json<JobJson>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Operator)?;
+    let b = body(b)?;
+    if b.version.is_some() && b.memory.is_none() {
+        return Err(ApiError::bad_request("version needs memory"));
+    }
+    let scope = scope_of(&b)?;
+    let basis: Basis = b.basis.parse().map_err(ApiError::bad_request)?;
+    let deadline = b
+        .deadline
+        .as_deref()
+        .map(|d| {
+            time::Date::parse(
+                d,
+                &time::macros::format_description!("[year]-[month]-[day]"),
+            )
+        })
+        .transpose()
+        .map_err(|_| ApiError::bad_request("deadline must be YYYY-MM-DD"))?;
+    let req = Request {
+        scope,
+        basis,
+        ticket: b.ticket,
+        deadline,
+        extension_reason: b.extension_reason,
+    };
+    let opts = RunOptions {
+        drain_timeout: Duration::from_secs(b.drain_timeout_s.unwrap_or(30)),
+        ..RunOptions::default()
+    };
+    let engine = Arc::clone(&state.engine);
+    let (job_id, created, state_now) = tokio::task::spawn_blocking(move || {
+        let (job_id, created) = engine.request(req)?;
+        let state_now = engine.outcome(&job_id)?.state;
+        // The job runs on its own thread; its progress is in the journal (GET /v1/jobs/{id}).
+        let runner = Arc::clone(&engine);
+        let id = job_id.clone();
+        std::thread::Builder::new()
+            .name("lethe-job".into())
+            .spawn(move || match runner.resume(&id, &opts, &mut |_| {}) {
+                Ok(o) => tracing::info!(job = %id, state = %o.state, "Job run ended."),
+                Err(e) => tracing::warn!(job = %id, error = %e, "Job run stopped."),
+            })
+            .map_err(EngineError::Io)?;
+        Ok::<_, EngineError>((job_id, created, state_now))
+    })
+    .await
+    .map_err(|_| ApiError::unavailable())?
+    .map_err(engine_error)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"job_id": job_id, "state": state_now, "continued": !created})),
+    ))
+}
+
+async fn job(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    Path(job_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Role::Operator)?;
+    let engine = Arc::clone(&state.engine);
+    let out = tokio::task::spawn_blocking(move || engine.outcome(&job_id))
+        .await
+        .map_err(|_| ApiError::unavailable())?
+        .map_err(engine_error)?;
+    Ok(Json(
+        serde_json::to_value(out).map_err(|_| ApiError::unavailable())?,
+    ))
+}

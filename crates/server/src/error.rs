@@ -1,0 +1,79 @@
+//! The API's errors: a stable code, a sentence without identifiers, and the HTTP status, all
+//! decided here and nowhere else.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use lethe_journal::gate::GateError;
+use lethe_journal::JournalError;
+
+/// An error answered to a client.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine code.
+    pub code: &'static str,
+    /// A sentence for humans; never an identifier or any memory content.
+    pub message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub(crate) fn unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the control store did not answer; retry (the server log has the cause)",
+        )
+    }
+}
+
+impl From<GateError> for ApiError {
+    fn from(e: GateError) -> Self {
+        let (status, code) = match e {
+            GateError::Fenced => (StatusCode::CONFLICT, "fenced"),
+            GateError::Revoked => (StatusCode::CONFLICT, "revoked"),
+            GateError::StaleEpoch => (StatusCode::CONFLICT, "stale_epoch"),
+            GateError::Tombstoned => (StatusCode::CONFLICT, "tombstoned"),
+            GateError::Expired => (StatusCode::CONFLICT, "expired"),
+            GateError::NoSuchLease => (StatusCode::NOT_FOUND, "no_such_lease"),
+            GateError::NoSuchPermit => (StatusCode::NOT_FOUND, "no_such_permit"),
+        };
+        Self::new(status, code, e.to_string())
+    }
+}
+
+impl From<JournalError> for ApiError {
+    fn from(e: JournalError) -> Self {
+        match e {
+            JournalError::Gate(g) => g.into(),
+            JournalError::NoSuchJob(_) => {
+                Self::new(StatusCode::NOT_FOUND, "no_such_job", "no such job")
+            }
+            e => {
+                // The store's message can name a file or SQL; it stays in the server's log.
+                tracing::error!(error = %e, "Control store failed during a request.");
+                Self::unavailable()
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"error": self.code, "message": self.message});
+        (self.status, axum::Json(body)).into_response()
+    }
+}

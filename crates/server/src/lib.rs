@@ -1,0 +1,85 @@
+//! `lethe serve`: the gate over HTTP, for agent runtimes in other processes, and jobs for
+//! operators.
+//!
+//! - Runtimes take a **lease** when they read memory, a **permit** at each acceptance point
+//!   (output, tool, state), release it when the boundary ends, and listen on the
+//!   **revocation stream** (server-sent events) to abort work when an erasure closes the fence.
+//! - Every gate call is one transaction on the control store ([`lethe_journal::Journal`]):
+//!   the in-process SQLite file of the embedded default, or the shared PostgreSQL. The server
+//!   keeps no gate state of its own, so several servers over one PostgreSQL journal are one gate,
+//!   and a restarted server has lost nothing.
+//! - Bearer tokens carry a role: `runtime` may use the gate, `operator` may also run jobs.
+//!
+//! Start reading at [`run`]; the routes are in `api.rs`, the wire contract in `openapi.json`.
+//! The listener and the shutdown signal are passed in (mini-redis style), so tests bind port 0.
+
+mod api;
+mod error;
+mod pool;
+mod revocations;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use lethe_core::clock::Clock;
+use lethe_engine::config::Role;
+use lethe_engine::Engine;
+use lethe_journal::Journal;
+
+pub use error::ApiError;
+
+/// The OpenAPI 3.1 document served at `GET /v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// Everything a server needs, built by the caller.
+pub struct Server {
+    /// Runs jobs for `POST /v1/jobs`, and holds the targets.
+    pub engine: Arc<Engine>,
+    /// Connections to the control store for gate requests (at least one). Open them with the
+    /// same journal URL as the engine's.
+    pub journals: Vec<Journal>,
+    /// One more connection for the revocation watcher.
+    pub watcher_journal: Journal,
+    /// Bearer tokens and their roles.
+    pub tokens: Vec<(String, Role)>,
+    /// The gate's clock (lease TTLs).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("journals", &self.journals.len())
+            .field("tokens", &self.tokens.len())
+            .finish()
+    }
+}
+
+/// Serves until `shutdown` resolves, then stops accepting, ends every revocation stream and
+/// finishes the requests in flight. Jobs started over HTTP keep running in their threads until
+/// the process exits; a job cut short resumes like any other (`lethe work`, `lethe resume`).
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    server: Server,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
+    let state = api::State {
+        engine: server.engine,
+        pool: Arc::new(pool::Pool::new(server.journals)),
+        tokens: Arc::new(server.tokens),
+        clock: server.clock,
+        watchers,
+        stop: stop_rx,
+    };
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "Gate listening.");
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("Shutting down: no new connections; ending revocation streams.");
+            let _ = stop_tx.send(true);
+        })
+        .await
+}
