@@ -487,7 +487,10 @@ class _Watcher:
                     self._conn = None
                     dirty = self._dirty
                 conn.close()
-            if not self._stop.is_set() and not dirty:
+            with self._cond:
+                # The gate ends a stream once every lease it lists was revoked: expected.
+                done = all(x.revoked.is_set() for i in ids if (x := self._leases.get(i)) is not None)
+            if not self._stop.is_set() and not dirty and not (done and why == "the server ended it"):
                 # Not a reopen we asked for: back off (reset once a stream opens).
                 log.warning("Revocation stream lost (%s); reopening in %.2f s.", why, self._backoff)
                 self._stop.wait(self._backoff)

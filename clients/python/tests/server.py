@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import tempfile
 import threading
@@ -16,6 +17,14 @@ from pathlib import Path
 import lethe_gate
 
 REPO = Path(__file__).resolve().parents[3]
+FIXTURE_TARGET = """
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "store.db"
+namespace = ["{tenant}", "{subject}"]
+"""
 ADDR = re.compile(rb"(127\.0\.0\.1:\d+)")
 
 
@@ -29,27 +38,34 @@ def lethe_bin() -> str:
 class Server:
     """A `lethe serve` process with a runtime and an operator token."""
 
-    def __init__(self, extra_toml: str = "") -> None:
+    def __init__(self, extra_toml: str | None = None) -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="lethe-pyclient-")
         d = Path(self.dir.name)
         self.runtime_token = "rt-" + secrets.token_hex(16)
         self.operator_token = "op-" + secrets.token_hex(16)
+        if extra_toml is None:
+            # Lethe wants at least one target: a copy of the store LangGraph wrote for the
+            # fixtures (the tests' own subjects are random, so an erasure finds nothing there).
+            shutil.copy(REPO / "tests/fixtures/langgraph-sqlite/store.db", d / "store.db")
+            extra_toml = FIXTURE_TARGET
+        (d / "runtime.token").write_text(self.runtime_token + "\n")
+        (d / "operator.token").write_text(self.operator_token + "\n")
         self.config = d / "lethe.toml"
         self.config.write_text(
             f"""[control]
 journal = "sqlite:journal.db"
 policy_version = "pyclient-test"
 
-[server]
+[serve]
 listen = "127.0.0.1:0"
 
-[[server.token]]
-token = "{self.runtime_token}"
+[[serve.token]]
 role = "runtime"
+token_file = "runtime.token"
 
-[[server.token]]
-token = "{self.operator_token}"
+[[serve.token]]
 role = "operator"
+token_file = "operator.token"
 {extra_toml}"""
         )
         self.log = d / "serve.log"
@@ -76,8 +92,11 @@ role = "operator"
 
         threading.Thread(target=read, daemon=True).start()
         if not done.wait(timeout) or not found:
+            self.proc.kill()
+            self.proc.wait()
+            log = self.log.read_text(errors="replace")
             self.stop()
-            raise RuntimeError(f"lethe serve printed no address; its log:\n{self.log.read_text()}")
+            raise RuntimeError(f"lethe serve printed no address; its stderr:\n{log}")
         return found[0]
 
     def client(self, operator: bool = False, **kw) -> lethe_gate.GateClient:
