@@ -69,14 +69,23 @@ token_file = "operator.token"
 {extra_toml}"""
         )
         self.log = d / "serve.log"
-        self._log = open(self.log, "wb")
+        self._log = open(self.log, "ab")
+        self._start("127.0.0.1:0")
+
+    def _start(self, listen: str) -> None:
         self.proc = subprocess.Popen(
-            [lethe_bin(), "--config", str(self.config), "serve"],
+            [lethe_bin(), "--config", str(self.config), "serve", "--listen", listen],
             stdout=subprocess.PIPE,
             stderr=self._log,
-            cwd=d,
+            cwd=self.dir.name,
         )
         self.url = self._read_address(timeout=30)
+
+    def restart(self) -> None:
+        """Stops the process (SIGTERM: graceful) and starts it again on the same address and
+        journal."""
+        self._terminate()
+        self._start(self.url.removeprefix("http://"))
 
     def _read_address(self, timeout: float) -> str:
         found: list[str] = []
@@ -94,6 +103,7 @@ token_file = "operator.token"
         if not done.wait(timeout) or not found:
             self.proc.kill()
             self.proc.wait()
+            self._log.flush()
             log = self.log.read_text(errors="replace")
             self.stop()
             raise RuntimeError(f"lethe serve printed no address; its stderr:\n{log}")
@@ -113,7 +123,7 @@ token_file = "operator.token"
                 raise AssertionError(f"job {job_id} is {j['state']}, not {states}, after {timeout} s")
             time.sleep(0.02)
 
-    def stop(self) -> None:
+    def _terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -121,5 +131,10 @@ token_file = "operator.token"
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def stop(self) -> None:
+        self._terminate()
         self._log.close()
         self.dir.cleanup()
