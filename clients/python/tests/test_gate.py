@@ -123,6 +123,40 @@ class GateTest(unittest.TestCase):
             with lease.permit("output"):
                 pass
 
+    def test_threads_share_one_client_and_the_fence_stops_them_all(self):
+        s = subject()
+        lease = self.rt.take_lease("acme", s)
+        granted, refused, errors = [], [], []
+        freeze = threading.Barrier(9)  # 8 workers + the test, after 20 permits each
+
+        def work() -> None:
+            try:
+                for i in range(40):
+                    if i == 20:
+                        freeze.wait(10)  # the erasure starts here
+                        self.assertTrue(lease.revoked.wait(PUSH_BOUND_S))
+                    try:
+                        with lease.permit("tool") as p:
+                            granted.append((i, p.permit_id))
+                    except Refused:
+                        refused.append(i)
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        workers = [threading.Thread(target=work) for _ in range(8)]
+        for w in workers:
+            w.start()
+        freeze.wait(10)
+        job = self.erase("acme", s)
+        for w in workers:
+            w.join(30)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(granted), 8 * 20, "every permit before the freeze was granted")
+        self.assertTrue(all(i < 20 for i, _ in granted), "a permit was granted after the freeze")
+        self.assertEqual(len(refused), 8 * 20)
+        self.assertEqual(len({p for _, p in granted}), len(granted))
+        self.server.wait_job(self.op, job)  # all released: the job drains and completes
+
     def test_callback_runs_once_on_revocation(self):
         s = subject()
         lease = self.rt.take_lease("acme", s)

@@ -4,6 +4,7 @@ with sleeps."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import sys
 import threading
@@ -100,6 +101,17 @@ class GraphTest(unittest.TestCase):
             self.assertEqual(md[EPOCH_KEY], lease.epoch)
             self.assertEqual((md["tenant_id"], md["user_id"]), ("acme", self.subject))
         # Every permit ended: an erasure now drains at once and completes.
+        self.gate.end_run(self.thread)
+        self.server.wait_job(self.op, self.erase_subject())
+
+    def test_async_run_takes_state_permits_through_aput(self):
+        graph = build_graph(self.gate, self.store, ScriptedModel(), self.saver)
+        out = asyncio.run(graph.ainvoke({"messages": [HumanMessage("Weather?")]}, self.config))
+        self.assertIn("Lisbon", out["messages"][-1].content)
+        lease = self.gate.lease(self.config)
+        stamped = [c.metadata for c in self.saver.list(self.config) if EPOCH_KEY in c.metadata]
+        self.assertGreaterEqual(len(stamped), 3)
+        self.assertTrue(all(md[EPOCH_KEY] == lease.epoch for md in stamped))
         self.gate.end_run(self.thread)
         self.server.wait_job(self.op, self.erase_subject())
 
