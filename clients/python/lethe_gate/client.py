@@ -333,7 +333,7 @@ class Lease:
 
     def _is_prunable(self) -> bool:
         """Expired, holding no permit: nothing left to abort."""
-        return self._active == 0 and self.expires_ms and self.expires_ms < time.time() * 1000
+        return self._active == 0 and 0 < self.expires_ms < time.time() * 1000
 
 
 def _run_callback(cb: Callable[[Lease], None], lease: Lease) -> None:
