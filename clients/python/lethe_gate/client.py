@@ -1,0 +1,535 @@
+"""The gate client: leases, permits, and the revocation stream.
+
+- :class:`GateClient` talks to ``lethe serve`` over HTTP/1.1 with keep-alive, one connection per
+  calling thread, and watches revocations on one server-sent-events stream for all its leases
+  (a background thread that reconnects with backoff).
+- :class:`Lease` is what a run takes when it reads memory. ``lease.revoked`` is a
+  ``threading.Event`` set when the gate pushes the revocation.
+- :class:`Permit` is a context manager around one acceptance point (a model-output stream, a
+  tool call, a state write): it takes the permit on entry and, on exit, releases it, or confirms
+  the cancellation when the block was aborted because of a revocation.
+
+The gate's check is authoritative and atomic; the push only makes the abort fast. A push that
+is late or lost never admits anything: the next permit is refused by the gate itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .errors import GateError, Refused, Revoked, StaleEpoch, Tombstoned, Unavailable, error_for
+from .sse import SseParser
+
+log = logging.getLogger("lethe_gate")
+
+SINKS = ("output", "tool", "state")
+"""The acceptance points a permit can be taken for."""
+
+# A kept-alive connection idle longer than this is replaced rather than reused, so a request is
+# rarely sent into a connection the server is closing. (A reused connection that fails before
+# any response byte is retried once; see GateClient._call.)
+_IDLE_S = 20.0
+
+
+class GateClient:
+    """A client of one ``lethe serve``. Thread-safe; share one per process.
+
+    ``base_url`` is ``http://host:port`` (``https`` works too). ``token`` is a bearer token from
+    the server's config: role ``runtime`` for the gate, ``operator`` to also start jobs.
+    ``watch=False`` opens no revocation stream: leases then learn of revocations only from
+    refused permits and :meth:`Lease.refresh`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        watch: bool = True,
+        reconnect_max_s: float = 5.0,
+        stream_idle_s: float = 45.0,
+    ) -> None:
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError("base_url must be http://host:port or https://host:port")
+        self._https = u.scheme == "https"
+        self._host = u.hostname
+        self._port = u.port or (443 if self._https else 80)
+        self._prefix = u.path.rstrip("/")
+        self._token = token
+        self._timeout = timeout
+        self._local = threading.local()
+        self._conns_lock = threading.Lock()
+        self._conns: set[http.client.HTTPConnection] = set()
+        self._closed = False
+        self._watcher = (
+            _Watcher(self, reconnect_max_s=reconnect_max_s, idle_s=stream_idle_s) if watch else None
+        )
+
+    # ------------------------------------------------------------------ gate
+    def take_lease(
+        self,
+        tenant: str,
+        subject: str,
+        reads: Iterable[tuple[str, str]] = (),
+        ttl_ms: int = 60_000,
+    ) -> Lease:
+        """Takes a lease for a run that read ``reads``, each ``(memory_id, version)``.
+
+        Raises :class:`~lethe_gate.Fenced` while an erasure of the subject or tenant runs.
+        """
+        body = {
+            "tenant": tenant,
+            "subject": subject,
+            "reads": [{"memory_id": m, "version": v} for m, v in reads],
+            "ttl_ms": int(ttl_ms),
+        }
+        r = self._call("POST", "/v1/leases", body, expect=(200, 201))
+        lease = Lease(
+            self,
+            lease_id=int(r["lease_id"]),
+            epoch=int(r["epoch"]),
+            tenant_epoch=int(r.get("tenant_epoch", 0)),
+            expires_ms=int(r.get("expires_ms", 0)),
+            tenant=tenant,
+            subject=subject,
+        )
+        if self._watcher is not None:
+            self._watcher.add(lease)
+        return lease
+
+    def take_permit(self, lease_id: int, sink: str) -> int:
+        """Takes a permit (prefer :meth:`Lease.permit`). Returns its id."""
+        if sink not in SINKS:
+            raise ValueError(f"sink must be one of {', '.join(SINKS)}")
+        r = self._call("POST", "/v1/permits", {"lease_id": lease_id, "sink": sink}, expect=(200, 201))
+        return int(r["permit_id"])
+
+    def release_permit(self, permit_id: int) -> None:
+        """The boundary ended normally."""
+        self._call("DELETE", f"/v1/permits/{int(permit_id)}", expect=(200, 204))
+
+    def confirm_cancelled(self, permit_id: int) -> None:
+        """The holder aborted the work the permit covered. Counts as drained."""
+        self._call("POST", f"/v1/permits/{int(permit_id)}/cancelled", expect=(200, 204))
+
+    def is_revoked(self, lease_id: int) -> bool:
+        """Asks the gate whether a lease was revoked (one request; the stream is the fast path)."""
+        return bool(self._call("GET", f"/v1/leases/{int(lease_id)}")["revoked"])
+
+    # ------------------------------------------------------------------ jobs (operator)
+    def start_job(
+        self,
+        tenant: str,
+        subject: str | None,
+        *,
+        memory: str | None = None,
+        basis: str = "gdpr-art17",
+        ticket: str,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Starts an erasure job in the background (operator token). Returns the 202 body."""
+        body = {"tenant": tenant, "subject": subject, "memory": memory, "basis": basis, "ticket": ticket}
+        body.update(extra)
+        return self._call("POST", "/v1/jobs", body, expect=(200, 202))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """A job's outcome, as ``lethe job show --json`` prints it (operator token)."""
+        return self._call("GET", "/v1/jobs/" + urllib.parse.quote(job_id, safe=""))
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Stops the revocation stream and closes every connection."""
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.stop()
+        with self._conns_lock:
+            conns, self._conns = self._conns, set()
+        for c in conns:
+            c.close()
+
+    def __enter__(self) -> GateClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stream_connected(self) -> threading.Event:
+        """Set while the revocation stream is open with every watched lease listed."""
+        if self._watcher is None:
+            raise RuntimeError("this client was made with watch=False")
+        return self._watcher.connected
+
+    # ------------------------------------------------------------------ HTTP
+    def _new_conn(self, timeout: float) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=timeout)
+
+    def _headers(self, accept: str = "application/json") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}", "Accept": accept}
+
+    def _conn(self) -> tuple[http.client.HTTPConnection, bool]:
+        """This thread's kept-alive connection, and whether it was used before."""
+        c = getattr(self._local, "conn", None)
+        if c is not None and time.monotonic() - self._local.used > _IDLE_S:
+            self._drop()
+            c = None
+        if c is None:
+            c = self._new_conn(self._timeout)
+            self._local.conn = c
+            with self._conns_lock:
+                self._conns.add(c)
+            return c, False
+        return c, True
+
+    def _drop(self) -> None:
+        c = getattr(self._local, "conn", None)
+        if c is not None:
+            self._local.conn = None
+            with self._conns_lock:
+                self._conns.discard(c)
+            c.close()
+
+    def _call(
+        self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200,)
+    ) -> Any:
+        if self._closed:
+            raise Unavailable("the client is closed")
+        data = None if body is None else json.dumps(body).encode()
+        headers = self._headers()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for attempt in (1, 2):
+            conn, reused = self._conn()
+            try:
+                conn.request(method, self._prefix + path, body=data, headers=headers)
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+                # A reused connection the server closed while it sat idle: the request was
+                # not read, so sending it once more on a fresh connection is safe.
+                self._drop()
+                if reused and attempt == 1:
+                    continue
+                raise Unavailable(f"the gate closed the connection ({type(e).__name__})") from e
+            except (OSError, http.client.HTTPException) as e:
+                self._drop()
+                raise Unavailable(f"cannot reach the gate ({type(e).__name__})") from e
+            self._local.used = time.monotonic()
+            if resp.will_close:
+                self._drop()
+            break
+        if resp.status in expect:
+            if not raw:
+                return None
+            try:
+                return json.loads(raw)
+            except ValueError as e:
+                raise Unavailable(f"the gate answered HTTP {resp.status} with a body that is not JSON") from e
+        code = message = None
+        try:
+            err = json.loads(raw) if raw else {}
+            if isinstance(err, dict):
+                code, message = err.get("error"), err.get("message")
+        except ValueError:
+            pass
+        raise error_for(resp.status, code, message)
+
+
+class Lease:
+    """A lease on a subject's memory, bound to the epochs current when it was taken.
+
+    ``revoked`` is set when the gate pushes its revocation (or a permit is refused because of
+    it); ``revoked_at`` is then the ``time.monotonic()`` of that moment. The tenant and subject
+    are kept for the run's metadata but never shown in ``repr``.
+    """
+
+    def __init__(
+        self,
+        client: GateClient,
+        *,
+        lease_id: int,
+        epoch: int,
+        tenant_epoch: int,
+        expires_ms: int,
+        tenant: str,
+        subject: str,
+    ) -> None:
+        self.client = client
+        self.lease_id = lease_id
+        self.epoch = epoch
+        self.tenant_epoch = tenant_epoch
+        self.expires_ms = expires_ms
+        self.tenant = tenant
+        self.subject = subject
+        self.revoked = threading.Event()
+        self.revoked_at: float | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Lease], None]] = []
+        self._active = 0  # permits held now; an expired lease is watched until they end
+
+    def __repr__(self) -> str:
+        state = "revoked" if self.revoked.is_set() else "live"
+        return f"<Lease {self.lease_id} epoch={self.epoch} {state}>"
+
+    def permit(self, sink: str) -> Permit:
+        """A context manager holding a permit for ``sink`` (``output``, ``tool`` or ``state``)."""
+        return Permit(self, sink)
+
+    def on_revoked(self, callback: Callable[[Lease], None]) -> None:
+        """Calls ``callback(lease)`` once when the lease is revoked (at once if it already is).
+
+        Callbacks run on the stream's thread: keep them short (set a flag, cancel a task).
+        """
+        with self._lock:
+            if not self.revoked.is_set():
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
+
+    def check(self) -> None:
+        """Raises :class:`~lethe_gate.Revoked` if the revocation was pushed. Cheap: call it
+        between tokens, before each tool call."""
+        if self.revoked.is_set():
+            raise Revoked("the lease was revoked by an erasure; abort the work")
+
+    def refresh(self) -> bool:
+        """Asks the gate whether the lease is revoked (and marks it if so)."""
+        if self.client.is_revoked(self.lease_id):
+            self._mark_revoked()
+        return self.revoked.is_set()
+
+    def close(self) -> None:
+        """Stops watching this lease. Its permits must already have ended."""
+        w = self.client._watcher
+        if w is not None:
+            w.remove(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _mark_revoked(self) -> None:
+        with self._lock:
+            if self.revoked.is_set():
+                return
+            self.revoked_at = time.monotonic()
+            self.revoked.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            _run_callback(cb, self)
+
+    def _is_prunable(self) -> bool:
+        """Expired, holding no permit: nothing left to abort."""
+        return self._active == 0 and 0 < self.expires_ms < time.time() * 1000
+
+
+def _run_callback(cb: Callable[[Lease], None], lease: Lease) -> None:
+    try:
+        cb(lease)
+    except Exception:  # a caller's bug must not kill the stream thread
+        log.exception("A revocation callback raised; the lease stays revoked.")
+
+
+class Permit:
+    """One permit, held for the duration of a ``with`` block.
+
+    On exit the permit is released, unless the block is being abandoned because of the
+    revocation (it raised a :class:`~lethe_gate.Refused`, or raised anything while the lease is
+    revoked, or called :meth:`abort`): then the cancellation is confirmed, which tells the gate
+    the work was aborted (stream cut, buffered tokens dropped, tools not dispatched).
+    ``outcome`` is then ``"released"`` or ``"cancelled"``.
+    """
+
+    def __init__(self, lease: Lease, sink: str) -> None:
+        self.lease = lease
+        self.sink = sink
+        self.permit_id: int | None = None
+        self.outcome: str | None = None
+        self._abort = False
+
+    def __repr__(self) -> str:
+        return f"<Permit {self.permit_id} {self.sink} lease={self.lease.lease_id}>"
+
+    def __enter__(self) -> Permit:
+        lease = self.lease
+        try:
+            self.permit_id = lease.client.take_permit(lease.lease_id, self.sink)
+        except (Revoked, StaleEpoch, Tombstoned):
+            lease._mark_revoked()  # the lease will never take a permit again
+            raise
+        with lease._lock:
+            lease._active += 1
+        return self
+
+    def check(self) -> None:
+        """Raises :class:`~lethe_gate.Revoked` if the lease was revoked meanwhile."""
+        self.lease.check()
+
+    @property
+    def revoked(self) -> bool:
+        return self.lease.revoked.is_set()
+
+    def abort(self) -> None:
+        """Marks the work as aborted: the exit confirms the cancellation instead of releasing."""
+        self._abort = True
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: object) -> bool:
+        if self.permit_id is None:
+            return False
+        cancel = self._abort or (
+            ev is not None and (isinstance(ev, Refused) or self.lease.revoked.is_set())
+        )
+        client = self.lease.client
+        try:
+            if cancel:
+                client.confirm_cancelled(self.permit_id)
+                self.outcome = "cancelled"
+            else:
+                client.release_permit(self.permit_id)
+                self.outcome = "released"
+        except GateError as e:
+            if ev is None:
+                raise
+            # Never mask the block's own exception; say what else went wrong.
+            ev.add_note(f"lethe_gate: ending the permit failed too: {e}")
+        finally:
+            with self.lease._lock:
+                self.lease._active -= 1
+        return False
+
+
+class _Watcher:
+    """One SSE stream for every lease of a client; reopened with the new list when a lease is
+    added (a lease revoked meanwhile is pushed at once when the stream opens), with backoff
+    after errors, and after ``idle_s`` without a byte (the gate sends a keepalive every 15 s)."""
+
+    def __init__(self, client: GateClient, *, reconnect_max_s: float, idle_s: float) -> None:
+        self.client = client
+        self.reconnect_max_s = reconnect_max_s
+        self.idle_s = idle_s
+        self.connected = threading.Event()
+        self._leases: dict[int, Lease] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._dirty = False
+        self._conn: http.client.HTTPConnection | None = None
+        self._thread: threading.Thread | None = None
+        self.reconnects = 0  # streams opened, for tests and metrics
+        self._backoff = 0.05
+
+    def add(self, lease: Lease) -> None:
+        with self._cond:
+            self._leases[lease.lease_id] = lease
+            self._kick_locked()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lethe-gate-revocations", daemon=True)
+                self._thread.start()
+
+    def remove(self, lease: Lease) -> None:
+        # The stream keeps listing it until the next reopen; its events are then ignored.
+        with self._cond:
+            self._leases.pop(lease.lease_id, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._kick_locked()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _kick_locked(self) -> None:
+        """Makes the stream reopen: cut the open one, if any."""
+        self._dirty = True
+        self.connected.clear()
+        self._cond.notify_all()
+        c = self._conn
+        if c is not None and c.sock is not None:
+            try:
+                c.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                for lid in [i for i, x in self._leases.items() if x.revoked.is_set() or x._is_prunable()]:
+                    del self._leases[lid]
+                while not self._leases and not self._stop.is_set():
+                    self._dirty = False
+                    self._cond.wait()
+                if self._stop.is_set():
+                    break
+                ids = sorted(self._leases)
+                self._dirty = False
+                conn = self.client._new_conn(self.idle_s)
+                self._conn = conn
+            why = "the server ended it"
+            try:
+                self._stream(conn, ids)
+            except Exception as e:
+                why = type(e).__name__
+            finally:
+                self.connected.clear()
+                with self._cond:
+                    self._conn = None
+                    dirty = self._dirty
+                conn.close()
+            with self._cond:
+                # The gate ends a stream once every lease it lists was revoked: expected.
+                done = all(x.revoked.is_set() for i in ids if (x := self._leases.get(i)) is not None)
+            if not self._stop.is_set() and not dirty and not (done and why == "the server ended it"):
+                # Not a reopen we asked for: back off (reset once a stream opens).
+                log.warning("Revocation stream lost (%s); reopening in %.2f s.", why, self._backoff)
+                self._stop.wait(self._backoff)
+                self._backoff = min(self._backoff * 2, self.reconnect_max_s)
+
+    def _stream(self, conn: http.client.HTTPConnection, ids: list[int]) -> None:
+        path = self.client._prefix + "/v1/revocations?leases=" + ",".join(map(str, ids))
+        conn.request("GET", path, headers=self.client._headers("text/event-stream"))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raw = resp.read()
+            try:
+                err = json.loads(raw)
+            except ValueError:
+                err = {}
+            raise error_for(resp.status, err.get("error"), err.get("message"))
+        self.reconnects += 1
+        self._backoff = 0.05
+        parser = SseParser()
+        with self._cond:
+            if self._dirty:
+                return
+            self.connected.set()
+        while not self._stop.is_set():
+            chunk = resp.read1(65536)
+            if not chunk:
+                return
+            for ev in parser.feed(chunk):
+                if ev.event != "revoked":
+                    continue
+                try:
+                    lid = int(json.loads(ev.data)["lease_id"])
+                except (ValueError, KeyError, TypeError):
+                    log.warning("Ignoring a revocation event whose data is not {\"lease_id\": N}.")
+                    continue
+                with self._cond:
+                    lease = self._leases.get(lid)
+                if lease is not None:
+                    lease._mark_revoked()
+            with self._cond:
+                if self._dirty:
+                    return
