@@ -147,6 +147,9 @@ pub struct Engine {
     policy_version: String,
     certificates: PathBuf,
     batch_size: usize,
+    /// The in-process gate, once [`Engine::memory_gate`] installed it: freezes and drains then
+    /// go through it, so they linearize with its permits.
+    gate: Option<Arc<lethe_gate::MemoryGate>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -188,12 +191,24 @@ impl Engine {
             policy_version: config.policy_version,
             certificates: config.certificates,
             batch_size: config.batch_size,
+            gate: None,
         })
     }
 
     /// The journal, for listings and the gate's library API.
     pub fn journal(&self) -> &Journal {
         &self.journal
+    }
+
+    /// Installs (once) and returns the in-process gate, for agent runtimes running in this
+    /// process: leases and permits in memory, at memory speed; the fences, epochs and
+    /// tombstones it starts from and writes through are the journal's. Runtimes in other
+    /// processes use `lethe serve` instead; never both over one journal.
+    pub fn memory_gate(&mut self) -> Result<Arc<lethe_gate::MemoryGate>, EngineError> {
+        if self.gate.is_none() {
+            self.gate = Some(Arc::new(lethe_gate::MemoryGate::load(&self.journal)?));
+        }
+        Ok(Arc::clone(self.gate.as_ref().expect("installed above")))
     }
 
     /// The targets.

@@ -255,9 +255,11 @@ impl Engine {
     fn step_requested(&self, job: &JobRecord) -> Result<Step, EngineError> {
         self.refuse_if_held(job)?;
         let version = self.resolve_version(&job.scope)?;
-        let f = self
-            .journal
-            .freeze(&self.now_rfc3339(), &job.job_id, version.as_ref())?;
+        let at = self.now_rfc3339();
+        let f = match &self.gate {
+            Some(g) => g.freeze(&self.journal, &at, &job.job_id, version.as_ref())?,
+            None => self.journal.freeze(&at, &job.job_id, version.as_ref())?,
+        };
         tracing::info!(
             job = %job.job_id, scope_hash = %short(&job.scope_hash), revoked = f.revoked_leases,
             to_drain = f.permits_to_drain, "Fence closed."
@@ -274,7 +276,8 @@ impl Engine {
     ) -> Result<u64, EngineError> {
         let deadline = self.clock.now() + opts.drain_timeout;
         loop {
-            let n = self.journal.undrained(job)?;
+            let n =
+                self.journal.undrained(job)? + self.gate.as_ref().map_or(0, |g| g.undrained(job));
             if n == 0 || self.clock.now() >= deadline {
                 return Ok(n);
             }
@@ -536,6 +539,9 @@ impl Engine {
         std::fs::rename(&tmp, &path)?;
         self.journal
             .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
+        if let Some(g) = &self.gate {
+            g.job_completed(&job.job_id);
+        }
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), "Job complete; certificate issued.");
         Ok(Step::Next)
     }

@@ -85,6 +85,17 @@ pub struct Permit {
     pub id: i64,
 }
 
+/// The gate's durable state, for an in-memory authority to start from (see `lethe-gate`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GateState {
+    /// `(tenant, subject, epoch)`; subject `""` is the tenant's own epoch.
+    pub epochs: Vec<(String, String, u64)>,
+    /// Open fences: `(job_id, tenant, subject)`; subject `""` fences the whole tenant.
+    pub fences: Vec<(String, String, String)>,
+    /// `(tenant, subject, memory_id, version)`.
+    pub tombstones: Vec<(String, String, String, String)>,
+}
+
 /// What a freeze did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Freeze {
@@ -306,6 +317,38 @@ impl Journal {
                 Some(r) => Ok(r[0].t().is_some()),
                 None => Err(GateError::NoSuchLease.into()),
             }
+        })
+    }
+
+    /// Epochs, open fences and tombstones, as committed.
+    pub fn gate_state(&self) -> Result<GateState> {
+        self.read(|tx| {
+            let epochs = tx
+                .rows("SELECT tenant, subject, epoch FROM epochs", &[])
+                .map_err(db)?
+                .into_iter()
+                .map(|r| (r[0].text(), r[1].text(), r[2].i().unwrap_or(0) as u64))
+                .collect();
+            let fences = tx
+                .rows("SELECT job_id, tenant, subject FROM fences", &[])
+                .map_err(db)?
+                .into_iter()
+                .map(|r| (r[0].text(), r[1].text(), r[2].text()))
+                .collect();
+            let tombstones = tx
+                .rows(
+                    "SELECT tenant, subject, memory_id, version FROM tombstones",
+                    &[],
+                )
+                .map_err(db)?
+                .into_iter()
+                .map(|r| (r[0].text(), r[1].text(), r[2].text(), r[3].text()))
+                .collect();
+            Ok(GateState {
+                epochs,
+                fences,
+                tombstones,
+            })
         })
     }
 

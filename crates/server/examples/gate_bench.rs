@@ -1,14 +1,17 @@
 //! The gate's benchmark driver (bench/gate/run.sh calls it; see bench/README.md, "Gate").
 //!
 //! ```text
-//! gate_bench inproc JOURNAL_URL SECONDS              take+release on one thread, no HTTP
+//! gate_bench memory JOURNAL_URL SECONDS              take+release on the in-process gate
+//!                                                     (lethe-gate: permits in memory), one thread
+//! gate_bench inproc JOURNAL_URL SECONDS              take+release on the journal's gate (permits
+//!                                                     as rows), one thread, no HTTP
 //! gate_bench http ADDR TOKEN CLIENTS SECONDS          take+release over HTTP, CLIENTS threads
 //! gate_bench floor PG_URL CLIENTS SECONDS             INSERT + UPDATE of one row per cycle:
 //!                                                     what PostgreSQL itself costs
 //! gate_bench freeze PG_URL N                          fence-close latency, N freezes
 //! ```
 //!
-//! Prints one JSON object: cycles, seconds, cycles_per_s, p50_us, p99_us (per cycle).
+//! Prints one JSON object: cycles, seconds, cycles_per_s, p50_us, p99_us, max_us (per cycle).
 
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
@@ -27,6 +30,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// `lat_us` holds nanoseconds; reported in microseconds.
 fn report(mode: &str, mut lat_us: Vec<u64>, elapsed: Duration, extra: serde_json::Value) {
     lat_us.sort_unstable();
     let n = lat_us.len();
@@ -35,9 +39,9 @@ fn report(mode: &str, mut lat_us: Vec<u64>, elapsed: Duration, extra: serde_json
         "cycles": n,
         "seconds": elapsed.as_secs_f64(),
         "cycles_per_s": n as f64 / elapsed.as_secs_f64(),
-        "p50_us": percentile(&lat_us, 0.50),
-        "p99_us": percentile(&lat_us, 0.99),
-        "max_us": lat_us.last().copied().unwrap_or(0),
+        "p50_us": percentile(&lat_us, 0.50) as f64 / 1000.0,
+        "p99_us": percentile(&lat_us, 0.99) as f64 / 1000.0,
+        "max_us": lat_us.last().copied().unwrap_or(0) as f64 / 1000.0,
     });
     if let (Some(o), Some(e)) = (out.as_object_mut(), extra.as_object()) {
         o.extend(e.clone());
@@ -75,7 +79,7 @@ fn drive<S: Send + 'static>(
                 while !stop.load(SeqCst) {
                     let t = Instant::now();
                     cycle(&mut s);
-                    lat.push(t.elapsed().as_micros() as u64);
+                    lat.push(t.elapsed().as_nanos() as u64);
                 }
                 lat
             })
@@ -105,6 +109,34 @@ fn main() {
     let now = time::OffsetDateTime::now_utc();
     let tenant = Tenant::new("bench").unwrap();
     match arg(0).as_str() {
+        "memory" => {
+            let url = arg(1);
+            let secs: u64 = arg(2).parse().unwrap();
+            let (lat, el) = drive(
+                1,
+                secs,
+                move |_| {
+                    let j = Journal::open_url(&url, std::path::Path::new(".")).unwrap();
+                    let g = lethe_gate::MemoryGate::load(&j).unwrap();
+                    let subject = Subject::new("memory-0").unwrap();
+                    let lease = g
+                        .take_lease(
+                            now,
+                            &Tenant::new("bench").unwrap(),
+                            &subject,
+                            &[],
+                            Duration::from_secs(3600),
+                        )
+                        .unwrap();
+                    (g, lease.id)
+                },
+                move |(g, lease)| {
+                    let p = g.take_permit(now, *lease, Sink::State).unwrap();
+                    g.release_permit(p.id).unwrap();
+                },
+            );
+            report("memory", lat, el, json!({"clients": 1}));
+        }
         "inproc" => {
             let url = arg(1);
             let secs: u64 = arg(2).parse().unwrap();
@@ -211,7 +243,7 @@ fn main() {
                     .unwrap();
                 let t = Instant::now();
                 let f = j.freeze("2026-12-02T00:00:00Z", &job.job_id, None).unwrap();
-                lat.push(t.elapsed().as_micros() as u64);
+                lat.push(t.elapsed().as_nanos() as u64);
                 assert_eq!((f.revoked_leases, f.permits_to_drain), (1, 1));
                 j.release_permit(permit.id).unwrap();
             }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Issue 5's gate benchmark, one command (about 3 minutes): builds lethe and the driver
+# (crates/server/examples/gate_bench.rs) in release, then alternates, ROUNDS times (default 3):
+# - memory : take+release on the in-process gate (lethe-gate), one thread      target >= 500,000/s
+# - inproc : take+release on the journal's gate (permits as rows), one thread, SQLite and PostgreSQL
+# - http   : take+release over HTTP, 8 clients, `lethe serve` with the PostgreSQL journal
+#            (a separate process, pool 8)                              target >= 5,000/s, p99 < 10 ms
+# - floor  : PostgreSQL alone: INSERT + UPDATE of one row per cycle, 8 clients (what a permit
+#            costs the database at the least; there is no peer: the runbook has no gate)
+# - freeze : fence-close latency on PostgreSQL (each freeze revokes a lease, records a permit)
+#            target p50 < 5 ms
+# Writes bench/out/gate-*.jsonl (one JSON object per measurement) and prints medians.
+# Env: ROUNDS, SECS (per measurement, default 5), LETHE_PG15_URL (admin URL).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-5}
+ADMIN=${LETHE_PG15_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+PG="${ADMIN%/*}/lethe_gate_bench"
+cargo build --release --locked --quiet -p lethe-cli
+cargo build --release --locked --quiet -p lethe-server --example gate_bench
+LETHE=$PWD/target/release/lethe
+DRIVER=$PWD/target/release/examples/gate_bench
+mkdir -p bench/out
+OUT=$PWD/bench/out/gate-$(date -u +%Y%m%dT%H%M%SZ).jsonl
+WORK=$(mktemp -d)
+SERVER_PID=
+cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+psql "$ADMIN" -qc "DROP DATABASE IF EXISTS lethe_gate_bench" -c "CREATE DATABASE lethe_gate_bench" >/dev/null
+# `lethe serve` needs a target to start; the demo's fixtures serve (no job runs here).
+"$LETHE" demo --dir "$WORK/d" >/dev/null
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/d/runtime.token"
+TOKEN=$(cat "$WORK/d/runtime.token")
+sed -i "s#^journal = .*#journal = \"$PG\"#" "$WORK/d/lethe.toml"
+cat >> "$WORK/d/lethe.toml" <<TOML
+
+[serve]
+listen = "127.0.0.1:0"
+pool = 8
+
+[[serve.token]]
+role = "runtime"
+token_file = "runtime.token"
+TOML
+"$LETHE" --config "$WORK/d/lethe.toml" serve > "$WORK/serve.out" 2> "$WORK/serve.err" &
+SERVER_PID=$!
+for _ in $(seq 100); do grep -q Listening "$WORK/serve.out" 2>/dev/null && break; sleep 0.1; done
+ADDR=$(sed -n 's#Listening on http://##p' "$WORK/serve.out")
+[ -n "$ADDR" ] || { cat "$WORK/serve.err" >&2; exit 1; }
+
+run() { # label, driver args...
+  local label=$1; shift
+  "$DRIVER" "$@" | python3 -c "import json,sys; d=json.load(sys.stdin); d['label']='$label'; d['load']=open('/proc/loadavg').read().split()[0]; print(json.dumps(d))" | tee -a "$OUT"
+}
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for r in $(seq "$ROUNDS"); do
+  echo "== round $r" >&2
+  rm -f "$WORK/mem.db" "$WORK/inproc.db"
+  run memory memory "sqlite:$WORK/mem.db" "$SECS"
+  run inproc-sqlite inproc "sqlite:$WORK/inproc.db" "$SECS"
+  run inproc-postgres inproc "$PG" "$SECS"
+  run http-postgres http "$ADDR" "$TOKEN" 8 "$SECS"
+  run floor-postgres floor "$PG" 8 "$SECS"
+  run freeze-postgres freeze "$PG" 300
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+python3 - "$OUT" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {}
+for r in rows:
+    by.setdefault(r["label"], []).append(r)
+print(f"\n{'measurement':18} {'cycles/s median (min-max)':>34} {'p50 us':>9} {'p99 us':>9}  load")
+for label, rs in by.items():
+    c = [r["cycles_per_s"] for r in rs]
+    p50 = statistics.median(r["p50_us"] for r in rs)
+    p99 = statistics.median(r["p99_us"] for r in rs)
+    print(f"{label:18} {statistics.median(c):14,.0f} ({min(c):,.0f}-{max(c):,.0f}) {p50:9.1f} {p99:9.1f}  {','.join(r['load'] for r in rs)}")
+http = statistics.median(r["cycles_per_s"] for r in by["http-postgres"])
+floor = statistics.median(r["cycles_per_s"] for r in by["floor-postgres"])
+print(f"\nhttp / floor = {http / floor:.2f}; results in {sys.argv[1]}")
+PY

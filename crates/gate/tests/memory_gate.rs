@@ -1,0 +1,343 @@
+//! The in-process gate: the same rules as the journal's gate (see crates/journal/tests), with
+//! leases and permits in memory and the durable part (epochs, fences, tombstones) in a real
+//! journal, on both control stores.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lethe_core::keys::DeploymentKey;
+use lethe_core::{Basis, MemoryId, Scope, Subject, Tenant, Version};
+use lethe_gate::MemoryGate;
+use lethe_journal::gate::{GateError, Sink};
+use lethe_journal::jobs::NewJob;
+use lethe_journal::{Entry, Journal};
+use time::macros::datetime;
+use time::OffsetDateTime;
+
+const NOW: OffsetDateTime = datetime!(2026-12-02 10:00 UTC);
+const AT: &str = "2026-12-02T10:00:00Z";
+const TTL: Duration = Duration::from_secs(60);
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+fn journal_url(pg: bool, dir: &std::path::Path) -> String {
+    if !pg {
+        return format!("sqlite:{}", dir.join("j.db").display());
+    }
+    let admin = std::env::var("LETHE_PG15_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let name = format!("lethe_g_{}_{}", std::process::id(), N.fetch_add(1, SeqCst));
+    let mut c = postgres_client(&admin);
+    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    format!("{}/{name}", admin.rsplit_once('/').unwrap().0)
+}
+
+fn postgres_client(url: &str) -> postgres::Client {
+    postgres::Client::connect(url, postgres::NoTls).expect("PostgreSQL reachable (scripts/test)")
+}
+
+fn t(s: &str) -> Tenant {
+    Tenant::new(s).unwrap()
+}
+fn s(x: &str) -> Subject {
+    Subject::new(x).unwrap()
+}
+fn m(id: &str, v: &str) -> (MemoryId, Version) {
+    (MemoryId::new(id).unwrap(), Version::new(v).unwrap())
+}
+
+fn job(j: &Journal, id: &str, scope: Scope) -> String {
+    let new = NewJob {
+        job_id: id.into(),
+        scope_hash: scope
+            .hash(&DeploymentKey::from_bytes([1; 32]).scope_key())
+            .to_string(),
+        scope,
+        basis: Basis::GdprArt17,
+        ticket: "T-1".into(),
+        policy_version: "1".into(),
+        deadline: time::macros::date!(2027 - 01 - 02),
+        extension_reason: None,
+        requested_at: AT.into(),
+    };
+    j.create_job(&new).unwrap().0.job_id
+}
+
+fn subject_scope(tn: &str, sb: &str) -> Scope {
+    Scope::Subject {
+        tenant: t(tn),
+        subject: s(sb),
+    }
+}
+
+fn complete(j: &Journal, g: &MemoryGate, id: &str) {
+    j.record(AT, id, &Entry::Drained).unwrap();
+    j.record(AT, id, &Entry::TargetsErased).unwrap();
+    j.complete(AT, id, &serde_json::json!({"test": true}))
+        .unwrap();
+    g.job_completed(id);
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[test] fn $name() {
+                let d = tempfile::tempdir().unwrap();
+                super::$name(&super::journal_url(false, d.path()))
+            } )*
+        }
+        mod postgres_backend {
+            $( #[test] fn $name() {
+                let d = tempfile::tempdir().unwrap();
+                super::$name(&super::journal_url(true, d.path()))
+            } )*
+        }
+    };
+}
+
+both!(
+    freeze_revokes_the_subject_and_refuses_new_permits_and_leases,
+    lease_ttl_expiry_is_not_draining,
+    memory_scope_revokes_only_leases_that_read_that_version,
+    tenant_scope_fences_the_tenant_only,
+    a_restart_keeps_fences_epochs_and_tombstones,
+    concurrent_permit_traffic_never_sees_a_permit_after_the_freeze,
+);
+
+fn open(url: &str) -> Journal {
+    Journal::open_url(url, std::path::Path::new(".")).unwrap()
+}
+
+fn freeze_revokes_the_subject_and_refuses_new_permits_and_leases(url: &str) {
+    let j = open(url);
+    let g = MemoryGate::load(&j).unwrap();
+    let alice = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+        .unwrap();
+    let alice10 = g
+        .take_lease(NOW, &t("acme"), &s("alice10"), &[], TTL)
+        .unwrap();
+    let held = g.take_permit(NOW, alice.id, Sink::State).unwrap();
+    let p = g.take_permit(NOW, alice.id, Sink::Tool).unwrap();
+    g.release_permit(p.id).unwrap();
+    assert_eq!(g.release_permit(p.id), Err(GateError::NoSuchPermit));
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    let f = g.freeze(&j, AT, &a, None).unwrap();
+    assert_eq!(
+        (f.subject_epoch, f.revoked_leases, f.permits_to_drain),
+        (Some(1), 1, 1)
+    );
+    assert_eq!(g.is_revoked(alice.id), Ok(true));
+    assert_eq!(
+        g.take_permit(NOW, alice.id, Sink::Output),
+        Err(GateError::Revoked)
+    );
+    assert_eq!(
+        g.take_lease(NOW, &t("acme"), &s("alice"), &[], TTL),
+        Err(GateError::Fenced)
+    );
+    assert!(
+        g.take_permit(NOW, alice10.id, Sink::Tool).is_ok(),
+        "a prefix neighbour is untouched"
+    );
+    assert_eq!(g.undrained(&a), 1);
+    g.confirm_cancelled(held.id).unwrap();
+    assert_eq!(g.undrained(&a), 0);
+    // The journal holds the durable half.
+    assert_eq!(j.epochs(&t("acme"), &s("alice")).unwrap(), (1, 0));
+    complete(&j, &g, &a);
+    let fresh = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+        .unwrap();
+    assert_eq!(fresh.epoch, 1);
+    assert!(g.take_permit(NOW, fresh.id, Sink::State).is_ok());
+    assert!(j.verify_chain().unwrap().is_intact());
+}
+
+fn lease_ttl_expiry_is_not_draining(url: &str) {
+    let j = open(url);
+    let g = MemoryGate::load(&j).unwrap();
+    let l = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], Duration::from_secs(1))
+        .unwrap();
+    let p = g.take_permit(NOW, l.id, Sink::State).unwrap();
+    let later = NOW + Duration::from_secs(3600);
+    assert_eq!(
+        g.take_permit(later, l.id, Sink::State),
+        Err(GateError::Expired)
+    );
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    g.freeze(&j, AT, &a, None).unwrap();
+    assert_eq!(
+        g.undrained(&a),
+        1,
+        "an expired lease's permit still has to drain"
+    );
+    g.release_permit(p.id).unwrap();
+    assert_eq!(g.undrained(&a), 0);
+}
+
+fn memory_scope_revokes_only_leases_that_read_that_version(url: &str) {
+    let j = open(url);
+    let g = MemoryGate::load(&j).unwrap();
+    let read_it = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[m("memories/k1", "v1")], TTL)
+        .unwrap();
+    let read_other = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[m("memories/k2", "v1")], TTL)
+        .unwrap();
+    let read_old = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[m("memories/k1", "v0")], TTL)
+        .unwrap();
+    let scope = Scope::Memory {
+        tenant: t("acme"),
+        subject: s("alice"),
+        memory: MemoryId::new("memories/k1").unwrap(),
+        version: None,
+    };
+    let a = job(&j, "del-m", scope);
+    let f = g
+        .freeze(&j, AT, &a, Some(&Version::new("v1").unwrap()))
+        .unwrap();
+    assert_eq!(
+        (f.subject_epoch, f.revoked_leases),
+        (Some(0), 1),
+        "no epoch bump"
+    );
+    assert_eq!(
+        g.take_permit(NOW, read_it.id, Sink::Output),
+        Err(GateError::Revoked)
+    );
+    assert!(g.take_permit(NOW, read_other.id, Sink::Output).is_ok());
+    assert!(g.take_permit(NOW, read_old.id, Sink::Output).is_ok());
+    let late = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[m("memories/k1", "v1")], TTL)
+        .unwrap();
+    assert_eq!(
+        g.take_permit(NOW, late.id, Sink::Tool),
+        Err(GateError::Tombstoned)
+    );
+}
+
+fn tenant_scope_fences_the_tenant_only(url: &str) {
+    let j = open(url);
+    let g = MemoryGate::load(&j).unwrap();
+    let in_t = g.take_lease(NOW, &t("a"), &s("u1"), &[], TTL).unwrap();
+    let neighbour = g.take_lease(NOW, &t("ab"), &s("u1"), &[], TTL).unwrap();
+    let a = job(&j, "del-t", Scope::Tenant { tenant: t("a") });
+    let f = g.freeze(&j, AT, &a, None).unwrap();
+    assert_eq!((f.tenant_epoch, f.revoked_leases), (Some(1), 1));
+    assert_eq!(
+        g.take_permit(NOW, in_t.id, Sink::State),
+        Err(GateError::Revoked)
+    );
+    assert_eq!(
+        g.take_lease(NOW, &t("a"), &s("u2"), &[], TTL),
+        Err(GateError::Fenced)
+    );
+    assert!(g.take_permit(NOW, neighbour.id, Sink::State).is_ok());
+    complete(&j, &g, &a);
+    let fresh = g.take_lease(NOW, &t("a"), &s("u2"), &[], TTL).unwrap();
+    assert_eq!(fresh.tenant_epoch, 1);
+    assert!(g.take_permit(NOW, fresh.id, Sink::State).is_ok());
+}
+
+fn a_restart_keeps_fences_epochs_and_tombstones(url: &str) {
+    let before = {
+        let j = open(url);
+        let g = MemoryGate::load(&j).unwrap();
+        let dave = g.take_lease(NOW, &t("acme"), &s("dave"), &[], TTL).unwrap();
+        let a = job(&j, "del-a", subject_scope("acme", "alice"));
+        g.freeze(&j, AT, &a, None).unwrap();
+        let b = job(&j, "del-b", subject_scope("acme", "bob"));
+        g.freeze(&j, AT, &b, None).unwrap();
+        complete(&j, &g, &b);
+        let scope = Scope::Memory {
+            tenant: t("acme"),
+            subject: s("carol"),
+            memory: MemoryId::new("memories/k1").unwrap(),
+            version: None,
+        };
+        let c = job(&j, "del-c", scope);
+        g.freeze(&j, AT, &c, Some(&Version::new("v1").unwrap()))
+            .unwrap();
+        complete(&j, &g, &c);
+        dave.id
+    }; // the process "dies": its leases and permits die with the runs that held them
+    let j = open(url);
+    let g = MemoryGate::load(&j).unwrap();
+    assert_eq!(
+        g.take_lease(NOW, &t("acme"), &s("alice"), &[], TTL),
+        Err(GateError::Fenced),
+        "fence kept"
+    );
+    let bob = g.take_lease(NOW, &t("acme"), &s("bob"), &[], TTL).unwrap();
+    assert_eq!(bob.epoch, 1, "epoch kept");
+    let carol = g
+        .take_lease(NOW, &t("acme"), &s("carol"), &[m("memories/k1", "v1")], TTL)
+        .unwrap();
+    assert_eq!(
+        g.take_permit(NOW, carol.id, Sink::State),
+        Err(GateError::Tombstoned),
+        "tombstone kept"
+    );
+    // Leases from before are gone with their runs; a run takes a new one (at the new epoch).
+    let _ = before;
+    assert!(g.take_permit(NOW, bob.id, Sink::State).is_ok());
+}
+
+fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze(url: &str) {
+    let j = open(url);
+    let g = Arc::new(MemoryGate::load(&j).unwrap());
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (g, stop, granted) = (Arc::clone(&g), Arc::clone(&stop), Arc::clone(&granted));
+            // Taken before the freeze, whatever the threads' scheduling.
+            let lease = g
+                .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+                .unwrap();
+            std::thread::spawn(move || {
+                let (mut after_refusal, mut refused) = (0, 0);
+                while !stop.load(SeqCst) {
+                    match g.take_permit(NOW, lease.id, Sink::State) {
+                        Ok(p) => {
+                            granted.fetch_add(1, SeqCst);
+                            if refused > 0 {
+                                after_refusal += 1;
+                            }
+                            g.release_permit(p.id).unwrap();
+                        }
+                        Err(e) => {
+                            assert_eq!(e, GateError::Revoked);
+                            refused += 1;
+                        }
+                    }
+                }
+                (after_refusal, refused)
+            })
+        })
+        .collect();
+    while granted.load(SeqCst) < 10_000 {
+        std::thread::yield_now();
+    }
+    g.freeze(&j, AT, &a, None).unwrap();
+    // Every permit from before the freeze is released, then the workers stop.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while g.undrained(&a) > 0 || granted.load(SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "permits never drained"
+        );
+        std::thread::yield_now();
+    }
+    stop.store(true, SeqCst);
+    for w in workers {
+        let (after_refusal, refused) = w.join().unwrap();
+        assert_eq!(after_refusal, 0, "a permit was granted after a refusal");
+        assert!(refused > 0);
+    }
+}
