@@ -271,9 +271,11 @@ impl Journal {
 
     fn end_permit(&self, permit: i64, state: &'static str) -> Result<()> {
         // One statement: no lock beyond the row's. A freeze racing it records the permit in
-        // its drain set either way; only an `active` permit counts as undrained.
+        // its drain set either way; only an `active` permit counts as undrained. Committed
+        // without waiting for the WAL flush (see schema.rs): losing it can only keep a job
+        // BLOCKED.
         if let Some(rows) = self.pg_query(
-            "WITH u AS (UPDATE permits SET state = $2 WHERE permit_id = $1 AND state = 'active' RETURNING 1) SELECT count(*) FROM u",
+            "SELECT lethe_end_permit($1, $2)",
             &[&permit, &state],
         )? {
             let n: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);

@@ -144,7 +144,7 @@ CREATE TABLE IF NOT EXISTS drain (
 /// A hash collision only makes two scopes queue behind each other. Every statement inside a
 /// VOLATILE plpgsql function takes a new snapshot, so what runs after the lock sees every
 /// freeze that committed before the lock was granted.
-const PG_GATE_FUNCTIONS: [&str; 3] = [
+const PG_GATE_FUNCTIONS: [&str; 4] = [
     r#"CREATE OR REPLACE FUNCTION lethe_gate_lock(p_tenant TEXT, p_subject TEXT, p_exclusive BOOLEAN)
 RETURNS VOID LANGUAGE plpgsql AS $f$
 BEGIN
@@ -190,6 +190,20 @@ BEGIN
     INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES (p_lease, p_sink, 'active', p_now)
         RETURNING permit_id INTO id;
     RETURN id;
+END $f$"#,
+    // Ends an active permit (state 'released' or 'cancelled'); returns 1, or 0 if it was not
+    // active. Its commit does not wait for the WAL flush: losing it in a server crash leaves
+    // the permit active, which keeps a job BLOCKED (safe), and the next synchronous commit (a
+    // freeze) flushes it anyway.
+    r#"CREATE OR REPLACE FUNCTION lethe_end_permit(p_permit BIGINT, p_state TEXT)
+RETURNS BIGINT LANGUAGE plpgsql AS $f$
+DECLARE
+    n BIGINT;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE permits SET state = p_state WHERE permit_id = p_permit AND state = 'active';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END $f$"#,
     // Returns (lease id, epoch, tenant epoch), or (-5, 0, 0) when fenced. p_reads is a JSON
     // array of [memory_id, version] pairs.
