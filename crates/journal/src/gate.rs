@@ -274,12 +274,13 @@ impl Journal {
         // its drain set either way; only an `active` permit counts as undrained. Committed
         // without waiting for the WAL flush (see schema.rs): losing it can only keep a job
         // BLOCKED.
-        if let Some(rows) = self.pg_query(
-            "SELECT lethe_end_permit($1, $2)",
-            &[&permit, &state],
-        )? {
+        if let Some(rows) = self.pg_query("SELECT lethe_end_permit($1, $2)", &[&permit, &state])? {
             let n: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
-            return if n == 0 { Err(GateError::NoSuchPermit.into()) } else { Ok(()) };
+            return if n == 0 {
+                Err(GateError::NoSuchPermit.into())
+            } else {
+                Ok(())
+            };
         }
         self.write(|tx| {
             let n = tx
