@@ -95,6 +95,11 @@ pub async fn run(
     };
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "Gate listening.");
+    use axum::serve::ListenerExt;
+    // Small request/response pairs: never hold a segment back waiting for an ACK.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, api::router(state))
         .with_graceful_shutdown(async move {
             shutdown.await;
