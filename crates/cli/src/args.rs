@@ -79,7 +79,7 @@ pub enum Command {
         extension_reason: Option<String>,
         /// Seconds to wait for agent work that held permits before the freeze to finish.
         /// Work that does not drain leaves the job BLOCKED (undrained), never COMPLETE.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         drain_timeout: u64,
         /// Print JSON: {"job_id", "continued", "state", "blocked_reason", "blocked_target",
         /// "certificate"}.
@@ -115,7 +115,7 @@ pub enum Command {
         /// The job id.
         job_id: String,
         /// Seconds to wait for undrained permits.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         drain_timeout: u64,
         /// For a job BLOCKED by residue: add the rows now in scope (written after the freeze,
         /// around the gate) to the inventory and erase them too. Find out how they got there
@@ -130,7 +130,7 @@ pub enum Command {
     /// each is claimed FOR UPDATE SKIP LOCKED, so several `lethe work` share them safely.
     Work {
         /// Seconds to wait for undrained permits.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         drain_timeout: u64,
         /// Print JSON: a list in the `erase --json` shape.
         #[arg(long)]

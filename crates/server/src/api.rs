@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -104,6 +104,11 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    p.map(|Path(t)| t)
+        .map_err(|_| ApiError::bad_request("the id in the path is not a number"))
+}
+
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     b.map(|Json(t)| t)
         .map_err(|e| ApiError::bad_request(e.body_text()))
@@ -184,9 +189,10 @@ async fn take_lease(
 async fn lease_status(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    Path(lease_id): Path<i64>,
+    lease_id: Result<Path<i64>, PathRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
+    let lease_id = path(lease_id)?;
     let revoked = gate(&state, move |j| j.is_revoked(lease_id)).await?;
     Ok(Json(json!({"lease_id": lease_id, "revoked": revoked})))
 }
@@ -226,9 +232,10 @@ async fn take_permit(
 async fn release_permit(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    Path(permit_id): Path<i64>,
+    permit_id: Result<Path<i64>, PathRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
+    let permit_id = path(permit_id)?;
     gate(&state, move |j| j.release_permit(permit_id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -236,9 +243,10 @@ async fn release_permit(
 async fn confirm_cancelled(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    Path(permit_id): Path<i64>,
+    permit_id: Result<Path<i64>, PathRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
+    let permit_id = path(permit_id)?;
     gate(&state, move |j| j.confirm_cancelled(permit_id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -378,8 +386,14 @@ async fn create_job(
         deadline,
         extension_reason: b.extension_reason,
     };
+    let drain = b.drain_timeout_s.unwrap_or(30);
+    if drain > 86_400 {
+        return Err(ApiError::bad_request(
+            "drain_timeout_s must be at most 86400",
+        ));
+    }
     let opts = RunOptions {
-        drain_timeout: Duration::from_secs(b.drain_timeout_s.unwrap_or(30)),
+        drain_timeout: Duration::from_secs(drain),
         ..RunOptions::default()
     };
     let engine = Arc::clone(&state.engine);
