@@ -27,7 +27,7 @@ impl From<EngineError> for Exit {
     }
 }
 
-fn bad(msg: impl std::fmt::Display) -> Exit {
+pub(crate) fn bad(msg: impl std::fmt::Display) -> Exit {
     Exit(2, anyhow::anyhow!("{msg}"))
 }
 
@@ -602,6 +602,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             }
             Ok(0)
         }
+        Command::Guard { command } => crate::guard::run(&config, command),
         Command::Journal {
             command: JournalCommand::Verify { json },
         } => {
