@@ -321,7 +321,11 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
     assert!(guard(&cp).close(&f).unwrap());
     let lt001 = Some("LT001".to_string());
     assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-1", &"c1", &meta("acme", "alice", Some(1))]), lt001, "even a current token waits for COMPLETE");
-    assert_eq!(write(&mut c, PUT_WRITE, &[&alice_thread, &"c-late"]), lt001, "writes of a fenced subject's thread");
+    let alice_checkpoint: String = c
+        .query_one("SELECT checkpoint_id FROM checkpoints WHERE thread_id = $1 LIMIT 1", &[&alice_thread])
+        .unwrap()
+        .get(0);
+    assert_eq!(write(&mut c, PUT_WRITE, &[&alice_thread, &alice_checkpoint]), lt001, "writes of a fenced subject's thread");
     assert_eq!(write(&mut c, PUT_BLOB, &[&alice_thread, &"99"]), lt001, "blobs of a fenced subject's thread");
     assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice.memories", &"new", &value(Some(1))]), lt001);
     assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice", &"top", &value(None)]), lt001, "the namespace itself");
@@ -360,6 +364,9 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
     assert_eq!(write(&mut c, "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) VALUES ('fresh-2', '', 'c1', '{}', '{\"tenant_id\": \"acme\", \"user_id\": \"alice\", \"lethe_epoch\": \"1\"}')", &[]), lt002, "a malformed token is not no token");
     assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-2", &"c1", &meta("acme", "alice", Some(1))]), None);
     assert_eq!(write(&mut c, PUT_WRITE, &[&"fresh-2", &"c1"]), None);
+    // A write naming a checkpoint not (yet) there cannot be attributed: admitted (LangGraph's
+    // async durability may write it before its checkpoint). The known limit in the README.
+    assert_eq!(write(&mut c, PUT_WRITE, &[&"fresh-3", &"not-yet"]), None);
     // The erased store item: written again only under a lease taken after the erasure.
     let (ns, key) = (erased_item["prefix"].as_str().unwrap(), erased_item["key"].as_str().unwrap());
     let lt004 = Some("LT004".to_string());

@@ -157,26 +157,48 @@ BEGIN
 END $$;
 
 -- `checkpoint_blobs` and `checkpoint_writes` carry only the thread id. Erased threads are
--- refused by digest (one primary-key probe). While some fence is closed, the owner is read
--- from one checkpoint of the thread (a primary-key prefix probe) and a fenced owner is refused.
--- Outside fence windows no owner lookup is made.
+-- refused by digest (one primary-key probe).
+--
+-- A task write (`checkpoint_writes`) names its checkpoint and is attributed to that
+-- checkpoint's owner (one primary-key probe), so a fenced owner's writes are refused. A write
+-- whose checkpoint is not there is admitted: under LangGraph's default (async) durability a
+-- task's writes may commit before the checkpoint they name, on the same connection, so no
+-- wait can tell that race from a refused checkpoint. (Limit, documented: a stale run that
+-- starts a NEW thread has every checkpoint refused, but with async durability its tasks'
+-- writes can land under a thread no checkpoint names. LangGraph never reads them; Lethe
+-- cannot attribute them. `durability="sync"` closes it: the refused put stops the run first.)
+--
+-- Blobs are written in the same transaction as their checkpoint, before it, so a refused
+-- checkpoint rolls them back; while some fence is closed, a blob of an existing thread is
+-- attributed through one checkpoint of the thread.
 CREATE OR REPLACE FUNCTION lethe_guard.thread_rows_guard() RETURNS trigger
     LANGUAGE plpgsql AS $$
 DECLARE
-    t text;
-    s text;
+    md jsonb;
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW IS NOT DISTINCT FROM OLD THEN
         RETURN NEW;
     END IF;
     PERFORM lethe_guard.refuse_erased_thread(NEW.thread_id);
-    IF TG_ARGV[0] <> ''
-       AND (EXISTS (SELECT 1 FROM lethe_guard.subject_fence WHERE fenced)
-            OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence WHERE fenced)) THEN
-        EXECUTE format('SELECT metadata ->> $2, metadata ->> $3 FROM %I.checkpoints WHERE thread_id = $1 LIMIT 1',
-                       TG_TABLE_SCHEMA)
-            INTO t, s USING NEW.thread_id, TG_ARGV[0], NULLIF(TG_ARGV[1], '');
-        PERFORM lethe_guard.check_owner(t, s, NULL, NULL, true);
+    IF TG_ARGV[0] = '' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_TABLE_NAME = 'checkpoint_writes' THEN
+        IF TG_TABLE_SCHEMA = 'public' THEN
+            SELECT c.metadata INTO md FROM public.checkpoints c
+             WHERE c.thread_id = NEW.thread_id AND c.checkpoint_ns = NEW.checkpoint_ns
+               AND c.checkpoint_id = NEW.checkpoint_id;
+        ELSE
+            EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3',
+                           TG_TABLE_SCHEMA)
+                INTO md USING NEW.thread_id, NEW.checkpoint_ns, NEW.checkpoint_id;
+        END IF;
+        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, true);
+    ELSIF EXISTS (SELECT 1 FROM lethe_guard.subject_fence WHERE fenced)
+          OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence WHERE fenced) THEN
+        EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 LIMIT 1', TG_TABLE_SCHEMA)
+            INTO md USING NEW.thread_id;
+        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, true);
     END IF;
     RETURN NEW;
 END $$;

@@ -9,8 +9,8 @@
 //! - its owner was erased and it carries no token, or a token older than the erasure — `LT002`.
 //!
 //! Owners are found the way the adapters find them: for checkpoints, the target's `metadata`
-//! keys in `checkpoints.metadata`; for blobs and writes, one checkpoint of their thread (only
-//! while a fence is closed); for store items, the namespace template's labels in `prefix`.
+//! keys in `checkpoints.metadata`; for task writes, the checkpoint they name; for blobs, one
+//! checkpoint of their thread (only while a fence is closed); for store items, the namespace template's labels in `prefix`.
 //! Tokens: `lethe_epoch` (and `lethe_tenant_epoch`) in the run config's metadata, which
 //! LangGraph copies into `checkpoints.metadata`; for the store, the same top-level keys in the
 //! item's value. `store_vectors` needs no trigger: its foreign key to `store` admits a vector
