@@ -53,7 +53,7 @@ impl Db {
     fn new(s: &Server) -> Self {
         let template = std::env::var("LETHE_PG_TEMPLATE").unwrap_or_else(|_| "lethe_tpl".into());
         let name = format!(
-            "lethe_g_{}_{}",
+            "lethe_guard_t_{}_{}",
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::SeqCst)
         );
