@@ -125,6 +125,44 @@ BEGIN
     END IF;
 END $$;
 
+
+-- The decision for one write, from one lookup (`lethe_guard.lookup`): raises the refusal or
+-- returns. Pure computation, no query: the lookups are done once, in one statement, by the
+-- trigger (one statement per row keeps the guard's cost low; bench/README.md, "Guard").
+CREATE OR REPLACE FUNCTION lethe_guard.decide(
+    t_epoch bigint, t_fenced boolean, s_epoch bigint, s_fenced boolean,
+    epoch jsonb, tenant_epoch jsonb, fence_only boolean
+) RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    tok bigint;
+BEGIN
+    IF t_fenced THEN
+        RAISE EXCEPTION 'lethe guard: an erasure of this tenant is running; no write is admitted until it completes'
+            USING ERRCODE = 'LT001';
+    END IF;
+    IF s_fenced THEN
+        RAISE EXCEPTION 'lethe guard: an erasure of this subject is running; no write is admitted until it completes'
+            USING ERRCODE = 'LT001';
+    END IF;
+    IF fence_only THEN
+        RETURN;
+    END IF;
+    IF t_epoch IS NOT NULL THEN
+        tok := lethe_guard.token(tenant_epoch);
+        IF tok IS NULL OR tok < t_epoch THEN
+            RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this tenant was erased; take a new lease (lethe_tenant_epoch)'
+                USING ERRCODE = 'LT002';
+        END IF;
+    END IF;
+    IF s_epoch IS NOT NULL THEN
+        tok := lethe_guard.token(epoch);
+        IF tok IS NULL OR tok < s_epoch THEN
+            RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this subject was erased; take a new lease (lethe_epoch)'
+                USING ERRCODE = 'LT002';
+        END IF;
+    END IF;
+END $$;
+
 CREATE OR REPLACE FUNCTION lethe_guard.refuse_erased_thread(tid text) RETURNS void
     LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -138,20 +176,35 @@ END $$;
 -- The owner and the tokens travel in the metadata LangGraph copies from the run config.
 CREATE OR REPLACE FUNCTION lethe_guard.checkpoints_guard() RETURNS trigger
     LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+    s text;
+    erased boolean;
+    te bigint; tf boolean; se bigint; sf boolean;
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.thread_id = OLD.thread_id
        AND NEW.checkpoint IS NOT DISTINCT FROM OLD.checkpoint
        AND NEW.metadata IS NOT DISTINCT FROM OLD.metadata THEN
         RETURN NEW;
     END IF;
-    PERFORM lethe_guard.refuse_erased_thread(NEW.thread_id);
     IF TG_ARGV[0] <> '' THEN
-        PERFORM lethe_guard.check_owner(
-            NEW.metadata ->> TG_ARGV[0],
-            CASE WHEN TG_ARGV[1] <> '' THEN NEW.metadata ->> TG_ARGV[1] END,
-            NEW.metadata -> 'lethe_epoch',
-            NEW.metadata -> 'lethe_tenant_epoch',
-            false);
+        t := NEW.metadata ->> TG_ARGV[0];
+        IF TG_ARGV[1] <> '' THEN
+            s := NEW.metadata ->> TG_ARGV[1];
+        END IF;
+    END IF;
+    SELECT EXISTS (SELECT 1 FROM lethe_guard.erased_thread e WHERE e.thread = lethe_guard.thread_digest(NEW.thread_id)),
+           tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced
+      INTO erased, te, tf, se, sf
+      FROM (SELECT 1) one
+      LEFT JOIN lethe_guard.tenant_fence tfe ON tfe.owner = lethe_guard.tenant_owner(t)
+      LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = lethe_guard.subject_owner(t, s);
+    IF erased THEN
+        RAISE EXCEPTION 'lethe guard: this thread was erased; a write would resurrect it (start a new thread)'
+            USING ERRCODE = 'LT003';
+    END IF;
+    IF te IS NOT NULL OR se IS NOT NULL THEN
+        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch', false);
     END IF;
     RETURN NEW;
 END $$;
@@ -175,6 +228,8 @@ CREATE OR REPLACE FUNCTION lethe_guard.thread_rows_guard() RETURNS trigger
     LANGUAGE plpgsql AS $$
 DECLARE
     md jsonb;
+    tf boolean;
+    sf boolean;
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW IS NOT DISTINCT FROM OLD THEN
         RETURN NEW;
@@ -185,9 +240,19 @@ BEGIN
     END IF;
     IF TG_TABLE_NAME = 'checkpoint_writes' THEN
         IF TG_TABLE_SCHEMA = 'public' THEN
-            SELECT c.metadata INTO md FROM public.checkpoints c
+            -- The common case in one statement: the checkpoint's owner and its fences.
+            SELECT tfe.fenced, sfe.fenced INTO tf, sf
+              FROM public.checkpoints c
+              LEFT JOIN lethe_guard.tenant_fence tfe
+                     ON tfe.fenced AND tfe.owner = lethe_guard.tenant_owner(c.metadata ->> TG_ARGV[0])
+              LEFT JOIN lethe_guard.subject_fence sfe
+                     ON sfe.fenced AND sfe.owner = lethe_guard.subject_owner(c.metadata ->> TG_ARGV[0], c.metadata ->> NULLIF(TG_ARGV[1], ''))
              WHERE c.thread_id = NEW.thread_id AND c.checkpoint_ns = NEW.checkpoint_ns
                AND c.checkpoint_id = NEW.checkpoint_id;
+            IF tf OR sf THEN
+                PERFORM lethe_guard.decide(NULL, tf, NULL, sf, NULL, NULL, true);
+            END IF;
+            RETURN NEW;
         ELSE
             EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3',
                            TG_TABLE_SCHEMA)
@@ -218,20 +283,12 @@ DECLARE
     cur bigint;
     forever boolean;
     tok bigint;
+    te bigint; tf boolean; se bigint; sf boolean;
 BEGIN
     -- A TTL refresh (LangGraph updates expires_at on read) writes no memory.
     IF TG_OP = 'UPDATE' AND NEW.prefix = OLD.prefix AND NEW.key = OLD.key
        AND NEW.value IS NOT DISTINCT FROM OLD.value THEN
         RETURN NEW;
-    END IF;
-    SELECT e.epoch, e.forever INTO cur, forever
-        FROM lethe_guard.erased_item e WHERE e.item = lethe_guard.item_digest(NEW.prefix, NEW.key);
-    IF FOUND THEN
-        tok := lethe_guard.token(NEW.value -> 'lethe_epoch');
-        IF forever OR tok IS NULL OR tok < cur THEN
-            RAISE EXCEPTION 'lethe guard: this store item was erased; only a write under a lease taken after the erasure may write it again'
-                USING ERRCODE = 'LT004';
-        END IF;
     END IF;
     labels := string_to_array(NEW.prefix, '.');
     FOR i IN 0 .. TG_NARGS - 1 LOOP
@@ -256,7 +313,22 @@ BEGIN
             EXIT;
         END IF;
     END LOOP;
-    PERFORM lethe_guard.check_owner(t, s, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch', false);
+    SELECT e.epoch, e.forever, tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced
+      INTO cur, forever, te, tf, se, sf
+      FROM (SELECT 1) one
+      LEFT JOIN lethe_guard.erased_item e ON e.item = lethe_guard.item_digest(NEW.prefix, NEW.key)
+      LEFT JOIN lethe_guard.tenant_fence tfe ON tfe.owner = lethe_guard.tenant_owner(t)
+      LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = lethe_guard.subject_owner(t, s);
+    IF cur IS NOT NULL THEN
+        tok := lethe_guard.token(NEW.value -> 'lethe_epoch');
+        IF forever OR tok IS NULL OR tok < cur THEN
+            RAISE EXCEPTION 'lethe guard: this store item was erased; only a write under a lease taken after the erasure may write it again'
+                USING ERRCODE = 'LT004';
+        END IF;
+    END IF;
+    IF te IS NOT NULL OR se IS NOT NULL THEN
+        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch', false);
+    END IF;
     RETURN NEW;
 END $$;
 

@@ -38,6 +38,7 @@ DROP FUNCTION IF EXISTS lethe_guard.thread_rows_guard();
 DROP FUNCTION IF EXISTS lethe_guard.checkpoints_guard();
 DROP FUNCTION IF EXISTS lethe_guard.refuse_erased_thread(text);
 DROP FUNCTION IF EXISTS lethe_guard.check_owner(text, text, jsonb, jsonb, boolean);
+DROP FUNCTION IF EXISTS lethe_guard.decide(bigint, boolean, bigint, boolean, jsonb, jsonb, boolean);
 DROP FUNCTION IF EXISTS lethe_guard.token(jsonb);
 DROP FUNCTION IF EXISTS lethe_guard.item_digest(text, text);
 DROP FUNCTION IF EXISTS lethe_guard.thread_digest(text);
