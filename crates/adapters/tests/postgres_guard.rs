@@ -61,8 +61,9 @@ impl Db {
         for attempt in 0.. {
             match admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}")) {
                 Ok(()) => break,
-                Err(e) if attempt < 200 && e.to_string().contains("being accessed") => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
+                // Clones serialize on the template; retry while another clone holds it.
+                Err(e) if attempt < 5_000 && e.to_string().contains("being accessed") => {
+                    std::thread::yield_now()
                 }
                 Err(e) => panic!("cloning the template: {e}"),
             }
@@ -180,7 +181,11 @@ fn others(c: &mut Client, m: &serde_json::Value, tenant: &str, subject: &str) ->
 }
 
 /// The SQLSTATE of a write, `None` when admitted.
-fn write(c: &mut Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]) -> Option<String> {
+fn write(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+) -> Option<String> {
     match c.execute(sql, params) {
         Ok(_) => None,
         Err(e) => Some(
@@ -197,13 +202,15 @@ const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints (thread_id, checkpoint_ns,
 const PUT_WRITE: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob)
      VALUES ($1, '', $2, 'task', 0, 'messages', 'json', '\\x00')
      ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET blob = EXCLUDED.blob";
-const PUT_BLOB: &str = "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+const PUT_BLOB: &str =
+    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
      VALUES ($1, '', 'messages', $2, 'json', '\\x00') ON CONFLICT DO NOTHING";
 const PUT_ITEM: &str = "INSERT INTO store (prefix, key, value) VALUES ($1, $2, $3::text::jsonb)
      ON CONFLICT (prefix, key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()";
 
 fn meta(tenant: &str, subject: &str, epoch: Option<i64>) -> String {
-    let mut m = serde_json::json!({"tenant_id": tenant, "user_id": subject, "source": "loop", "step": 1});
+    let mut m =
+        serde_json::json!({"tenant_id": tenant, "user_id": subject, "source": "loop", "step": 1});
     if let Some(e) = epoch {
         m["lethe_epoch"] = e.into();
     }
@@ -239,7 +246,11 @@ fn catalog(c: &mut Client) -> BTreeSet<String> {
                           WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
                UNION ALL SELECT 'relation ' || c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                           WHERE n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'";
-    c.query(sql, &[]).unwrap().iter().map(|r| r.get(0)).collect()
+    c.query(sql, &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u32) {
@@ -257,7 +268,10 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
     let installed = catalog(&mut c);
     assert!(installed.contains("schema lethe_guard"));
     assert_eq!(
-        installed.iter().filter(|o| o.starts_with("trigger ") && o.ends_with(" lethe_guard")).count(),
+        installed
+            .iter()
+            .filter(|o| o.starts_with("trigger ") && o.ends_with(" lethe_guard"))
+            .count(),
         4,
         "one trigger per guarded table"
     );
@@ -274,8 +288,16 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
     assert!(guard(&cp).status().unwrap().installed);
     guard(&cp).uninstall().unwrap();
     guard(&cp).uninstall().unwrap();
-    assert_eq!(catalog(&mut c), before, "uninstall removes exactly what install added");
-    assert_eq!(others(&mut c, &srv.manifest, "-", "-"), data_before, "no LangGraph row touched");
+    assert_eq!(
+        catalog(&mut c),
+        before,
+        "uninstall removes exactly what install added"
+    );
+    assert_eq!(
+        others(&mut c, &srv.manifest, "-", "-"),
+        data_before,
+        "no LangGraph row touched"
+    );
     // Nothing installed: the engine's calls are no-ops.
     let s = scope("acme", "alice");
     assert!(!guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
@@ -313,22 +335,59 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
     let bob_thread = a_thread(m, "acme", "bob");
 
     // Before any erasure: no token needed, nothing changes for the application.
-    assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-0", &"c0", &meta("acme", "alice", None)]), None);
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-0", &"c0", &meta("acme", "alice", None)]
+        ),
+        None
+    );
 
     // FROZEN: the job (epoch 1) closes the fence.
     let s = scope("acme", "alice");
     let f = Fence::of(&s, Some(1), None);
     assert!(guard(&cp).close(&f).unwrap());
     let lt001 = Some("LT001".to_string());
-    assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-1", &"c1", &meta("acme", "alice", Some(1))]), lt001, "even a current token waits for COMPLETE");
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-1", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        lt001,
+        "even a current token waits for COMPLETE"
+    );
     let alice_checkpoint: String = c
-        .query_one("SELECT checkpoint_id FROM checkpoints WHERE thread_id = $1 LIMIT 1", &[&alice_thread])
+        .query_one(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = $1 LIMIT 1",
+            &[&alice_thread],
+        )
         .unwrap()
         .get(0);
-    assert_eq!(write(&mut c, PUT_WRITE, &[&alice_thread, &alice_checkpoint]), lt001, "writes of a fenced subject's thread");
-    assert_eq!(write(&mut c, PUT_BLOB, &[&alice_thread, &"99"]), lt001, "blobs of a fenced subject's thread");
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice.memories", &"new", &value(Some(1))]), lt001);
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice", &"top", &value(None)]), lt001, "the namespace itself");
+    assert_eq!(
+        write(&mut c, PUT_WRITE, &[&alice_thread, &alice_checkpoint]),
+        lt001,
+        "writes of a fenced subject's thread"
+    );
+    assert_eq!(
+        write(&mut c, PUT_BLOB, &[&alice_thread, &"99"]),
+        lt001,
+        "blobs of a fenced subject's thread"
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"new", &value(Some(1))]
+        ),
+        lt001
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"acme.alice", &"top", &value(None)]),
+        lt001,
+        "the namespace itself"
+    );
 
     // Inventory, record (journal before act), erase.
     for t in [&cp, &st] {
@@ -340,7 +399,12 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
         assert_eq!(t.adapter.verify(&s, &inv.locators).unwrap(), 0);
     }
     let erased_item = {
-        let r = c.query_one("SELECT count(*) FROM store WHERE prefix LIKE 'acme.alice%'", &[]).unwrap();
+        let r = c
+            .query_one(
+                "SELECT count(*) FROM store WHERE prefix LIKE 'acme.alice%'",
+                &[],
+            )
+            .unwrap();
         assert_eq!(r.get::<_, i64>(0), 0);
         m["subjects"][0]["store_items"][0].clone()
     };
@@ -353,44 +417,126 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
     // Issue 7206: a late put / put_writes to an erased thread is refused, token or not.
     let lt003 = Some("LT003".to_string());
     for e in [None, Some(0), Some(1), Some(2)] {
-        assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&alice_thread, &"late", &meta("acme", "alice", e)]), lt003);
+        assert_eq!(
+            write(
+                &mut c,
+                PUT_CHECKPOINT,
+                &[&alice_thread, &"late", &meta("acme", "alice", e)]
+            ),
+            lt003
+        );
     }
     assert_eq!(write(&mut c, PUT_WRITE, &[&alice_thread, &"late"]), lt003);
     assert_eq!(write(&mut c, PUT_BLOB, &[&alice_thread, &"late"]), lt003);
     // A new thread for alice: no token or a stale one is refused; a current one is admitted.
     let lt002 = Some("LT002".to_string());
-    assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-2", &"c1", &meta("acme", "alice", None)]), lt002);
-    assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-2", &"c1", &meta("acme", "alice", Some(0))]), lt002);
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-2", &"c1", &meta("acme", "alice", None)]
+        ),
+        lt002
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-2", &"c1", &meta("acme", "alice", Some(0))]
+        ),
+        lt002
+    );
     assert_eq!(write(&mut c, "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) VALUES ('fresh-2', '', 'c1', '{}', '{\"tenant_id\": \"acme\", \"user_id\": \"alice\", \"lethe_epoch\": \"1\"}')", &[]), lt002, "a malformed token is not no token");
-    assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&"fresh-2", &"c1", &meta("acme", "alice", Some(1))]), None);
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-2", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        None
+    );
     assert_eq!(write(&mut c, PUT_WRITE, &[&"fresh-2", &"c1"]), None);
     // A write naming a checkpoint not (yet) there cannot be attributed: admitted (LangGraph's
     // async durability may write it before its checkpoint). The known limit in the README.
     assert_eq!(write(&mut c, PUT_WRITE, &[&"fresh-3", &"not-yet"]), None);
     // The erased store item: written again only under a lease taken after the erasure.
-    let (ns, key) = (erased_item["prefix"].as_str().unwrap(), erased_item["key"].as_str().unwrap());
+    let (ns, key) = (
+        erased_item["prefix"].as_str().unwrap(),
+        erased_item["key"].as_str().unwrap(),
+    );
     let lt004 = Some("LT004".to_string());
     assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(None)]), lt004);
-    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(0))]), lt004);
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(0))]),
+        lt004
+    );
     assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(1))]), None);
-    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(1))]), None, "the upsert's UPDATE too");
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(1))]),
+        None,
+        "the upsert's UPDATE too"
+    );
     // A new key for alice: stale refused, current admitted; a TTL refresh is not a write.
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice.memories", &"k-new", &value(Some(0))]), lt002);
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice.memories", &"k-new", &value(Some(1))]), None);
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"k-new", &value(Some(0))]
+        ),
+        lt002
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"k-new", &value(Some(1))]
+        ),
+        None
+    );
     assert_eq!(write(&mut c, "UPDATE store SET expires_at = now() + interval '1 day' WHERE prefix = 'acme.alice.memories'", &[]), None);
 
     // Everyone else: every row byte for byte, and writes without any token still admitted.
     let after = others(&mut c, m, "acme", "alice");
     let changed: Vec<_> = after.iter().filter(|r| !bystanders.contains(r)).collect();
-    assert!(changed.is_empty() && after.len() == bystanders.len(), "other subjects changed: {changed:?}");
-    assert_eq!(write(&mut c, PUT_CHECKPOINT, &[&bob_thread, &"c-new", &meta("acme", "bob", None)]), None);
+    assert!(
+        changed.is_empty() && after.len() == bystanders.len(),
+        "other subjects changed: {changed:?}"
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&bob_thread, &"c-new", &meta("acme", "bob", None)]
+        ),
+        None
+    );
     assert_eq!(write(&mut c, PUT_WRITE, &[&bob_thread, &"c-new"]), None);
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.bob.memories", &"k", &value(None)]), None);
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice2", &"k", &value(None)]), None, "a prefix neighbour is someone else");
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"globex.alice", &"k", &value(None)]), None, "same subject id, other tenant");
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.bob.memories", &"k", &value(None)]
+        ),
+        None
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"acme.alice2", &"k", &value(None)]),
+        None,
+        "a prefix neighbour is someone else"
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"globex.alice", &"k", &value(None)]),
+        None,
+        "same subject id, other tenant"
+    );
 
     // Refusals name no identifier.
-    let e = c.execute(PUT_CHECKPOINT, &[&alice_thread, &"late", &meta("acme", "alice", Some(1))]).unwrap_err();
+    let e = c
+        .execute(
+            PUT_CHECKPOINT,
+            &[&alice_thread, &"late", &meta("acme", "alice", Some(1))],
+        )
+        .unwrap_err();
     let msg = e.as_db_error().unwrap().message().to_string();
     assert!(msg.starts_with("lethe guard:"), "{msg}");
     for id in ["acme", "alice", alice_thread.as_str()] {
@@ -406,29 +552,79 @@ fn tenant_and_memory_scopes(version: u32) {
     guard(&st).install().unwrap();
     // Memory scope: the item is erased for good (no epoch tells a stale writer from a new one).
     let item = srv.manifest["subjects"][1]["store_items"][0].clone();
-    let (ns, key) = (item["prefix"].as_str().unwrap(), item["key"].as_str().unwrap());
+    let (ns, key) = (
+        item["prefix"].as_str().unwrap(),
+        item["key"].as_str().unwrap(),
+    );
     let mem = Scope::Memory {
         tenant: Tenant::new("acme").unwrap(),
         subject: Subject::new("bob").unwrap(),
-        memory: MemoryId::new(format!("{}/{key}", ns.split('.').skip(2).collect::<Vec<_>>().join("/"))).unwrap(),
+        memory: MemoryId::new(format!(
+            "{}/{key}",
+            ns.split('.').skip(2).collect::<Vec<_>>().join("/")
+        ))
+        .unwrap(),
         version: None,
     };
     let inv = st.adapter.inventory(&mem).unwrap();
     assert_eq!(inv.locators.len(), 1, "one item");
-    guard(&st).record_erased(&Fence::of(&mem, Some(0), None), &inv.locators).unwrap();
+    guard(&st)
+        .record_erased(&Fence::of(&mem, Some(0), None), &inv.locators)
+        .unwrap();
     st.adapter.erase_batch(&mem, &inv.locators).unwrap();
-    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(99))]), Some("LT004".into()));
-    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &"another-key", &value(None)]), None, "bob himself is not fenced");
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(99))]),
+        Some("LT004".into())
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &"another-key", &value(None)]),
+        None,
+        "bob himself is not fenced"
+    );
     // Tenant scope: every subject of the tenant, and only that tenant.
-    let t = Scope::Tenant { tenant: Tenant::new("a").unwrap() };
+    let t = Scope::Tenant {
+        tenant: Tenant::new("a").unwrap(),
+    };
     let f = Fence::of(&t, None, Some(3));
     guard(&st).close(&f).unwrap();
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &value(None)]), Some("LT001".into()));
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"ab.u1", &"k", &value(None)]), None, "the tenant's prefix neighbour");
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &value(None)]),
+        Some("LT001".into())
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"ab.u1", &"k", &value(None)]),
+        None,
+        "the tenant's prefix neighbour"
+    );
     guard(&st).open(&f).unwrap();
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &value(None)]), Some("LT002".into()));
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &serde_json::json!({"lethe_tenant_epoch": 2}).to_string()]), Some("LT002".into()));
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &serde_json::json!({"lethe_tenant_epoch": 3}).to_string()]), None);
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &value(None)]),
+        Some("LT002".into())
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[
+                &"a.u1",
+                &"k",
+                &serde_json::json!({"lethe_tenant_epoch": 2}).to_string()
+            ]
+        ),
+        Some("LT002".into())
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[
+                &"a.u1",
+                &"k",
+                &serde_json::json!({"lethe_tenant_epoch": 3}).to_string()
+            ]
+        ),
+        None
+    );
 }
 
 /// Identifiers from config reach SQL only through format('%I'): a schema named with a quote,
@@ -448,12 +644,23 @@ fn a_schema_name_that_needs_quoting_is_quoted(version: u32) {
     let s = scope("acme", "alice");
     let f = Fence::of(&s, Some(1), None);
     guard(&st).close(&f).unwrap();
-    let odd = "INSERT INTO \"we\"\"ird s\".store (prefix, key, value) VALUES ('acme.alice', 'k', '{}')";
+    let odd =
+        "INSERT INTO \"we\"\"ird s\".store (prefix, key, value) VALUES ('acme.alice', 'k', '{}')";
     assert_eq!(write(&mut c, odd, &[]), Some("LT001".into()));
-    assert_eq!(write(&mut c, PUT_ITEM, &[&"acme.alice", &"k", &value(None)]), None, "public.store has no trigger");
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"acme.alice", &"k", &value(None)]),
+        None,
+        "public.store has no trigger"
+    );
     guard(&st).open(&f).unwrap();
     guard(&st).uninstall().unwrap();
-    let left: i64 = c.query_one("SELECT count(*) FROM pg_namespace WHERE nspname = 'lethe_guard'", &[]).unwrap().get(0);
+    let left: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'lethe_guard'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
     assert_eq!(left, 0);
 }
 

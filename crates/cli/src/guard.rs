@@ -39,10 +39,8 @@ fn target_err(e: lethe_adapters::AdapterError) -> Exit {
 
 fn print(rows: &[(String, GuardStatus)], json: bool) {
     if json {
-        let map: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(n, s)| (n.clone(), json!(s)))
-            .collect();
+        let map: serde_json::Map<String, serde_json::Value> =
+            rows.iter().map(|(n, s)| (n.clone(), json!(s))).collect();
         print_json(&serde_json::Value::Object(map));
         return;
     }

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 
 use lethe_core::{Scope, Version};
 
-use crate::namespace::{checked_items, locator, parse_locator, selection, Label, Selection};
 use crate::guard::Guard;
+use crate::namespace::{checked_items, locator, parse_locator, selection, Label, Selection};
 use crate::postgres::{like_escape, quote_qualified, Conn};
 use crate::postgres_guard::PgGuard;
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};

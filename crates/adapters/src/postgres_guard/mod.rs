@@ -100,7 +100,10 @@ impl PgGuard {
     }
 
     fn tables(&self) -> Vec<String> {
-        self.attach.iter().map(|(t, _, _)| (*t).to_string()).collect()
+        self.attach
+            .iter()
+            .map(|(t, _, _)| (*t).to_string())
+            .collect()
     }
 
     /// Runs `f` in one transaction under the guard's advisory lock, if the guard's schema
@@ -325,7 +328,11 @@ impl Guard for PgGuard {
     fn open(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
         let done = self.in_guard(|tx| {
             match fence {
-                Fence::Subject { tenant, subject, epoch } => {
+                Fence::Subject {
+                    tenant,
+                    subject,
+                    epoch,
+                } => {
                     tx.execute(
                         "UPDATE lethe_guard.subject_fence SET fenced = false
                           WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3",
