@@ -9,18 +9,22 @@
 //! and never sees more than one target at a time. The engine drives it.
 
 pub mod conformance;
+pub mod guard;
 pub mod langgraph_postgres_checkpointer;
 pub mod langgraph_postgres_store;
 pub mod langgraph_sqlite_checkpointer;
 pub mod langgraph_sqlite_store;
 mod namespace;
 mod postgres;
+mod postgres_guard;
 pub mod redis;
 pub mod registry;
 mod sqlite;
 
 use lethe_core::{Scope, Version};
 
+pub use guard::{Fence, Guard, GuardStatus};
+pub use postgres_guard::VERSION as GUARD_VERSION;
 pub use registry::{build, Kind, Target, TargetConfigError};
 
 /// What an adapter says about itself.
@@ -168,5 +172,11 @@ pub trait Adapter: Send + Sync {
     /// `None`: this adapter's `verify` is already exhaustive. Read-only.
     fn audit(&self, _scope: &Scope) -> Result<Option<u64>, AdapterError> {
         Ok(None)
+    }
+
+    /// The store's database guard, where its kind has one (LangGraph on PostgreSQL): the sink
+    /// side of the fence. `None`: this kind cannot refuse writes by itself.
+    fn guard(&self) -> Option<&dyn guard::Guard> {
+        None
     }
 }

@@ -160,6 +160,48 @@ pub enum Command {
         #[command(subcommand)]
         command: JournalCommand,
     },
+    /// The database guard: triggers in a LangGraph PostgreSQL database that refuse writes to
+    /// erased threads and items, writes of a subject whose erasure is running, and writes
+    /// carrying a stale lease epoch. Jobs keep it current once installed.
+    Guard {
+        #[command(subcommand)]
+        command: GuardCommand,
+    },
+}
+
+/// `lethe guard ...`
+#[derive(Subcommand, Debug)]
+pub enum GuardCommand {
+    /// Install (or upgrade) the guard into the target's database: schema `lethe_guard` and one
+    /// trigger per LangGraph table of the target. Safe to run twice.
+    Install {
+        /// The target (kind langgraph-postgres-checkpointer or langgraph-postgres-store).
+        #[arg(long)]
+        target: String,
+        /// Print JSON (the status after the install).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the target's triggers, and schema `lethe_guard` once no target uses it. Refused
+    /// while an erasure is running.
+    Uninstall {
+        /// The target.
+        #[arg(long)]
+        target: String,
+        /// Print JSON (the status after the uninstall).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Whether the guard is installed, its version, and counts (fenced subjects, erased threads
+    /// and items). Never an identifier.
+    Status {
+        /// One target (default: every target whose kind has a guard).
+        #[arg(long)]
+        target: Option<String>,
+        /// Print JSON: {NAME: {"installed", "version", "triggers", ...}}.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// The scope of a request. --tenant alone is the whole tenant; with --subject, one person;

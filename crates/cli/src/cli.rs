@@ -603,6 +603,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             }
             Ok(0)
         }
+        Command::Guard { command } => crate::guard::run(&config, command),
         Command::Journal {
             command: JournalCommand::Verify { json },
         } => {

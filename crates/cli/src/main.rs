@@ -5,6 +5,7 @@
 mod args;
 mod cli;
 mod demo;
+mod guard;
 mod output;
 mod serve;
 

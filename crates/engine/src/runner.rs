@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lethe_adapters::{AdapterError, Applicability, Target};
+use lethe_adapters::{AdapterError, Applicability, Fence, Guard, Target};
 use lethe_core::certificate::{self, Certificate, TargetRecord, TargetStatus};
 use lethe_core::{BlockedReason, JobState, Scope, Version};
 use lethe_journal::jobs::JobRecord;
@@ -98,6 +98,32 @@ impl Engine {
             _ => BlockedReason::TargetFailed,
         };
         self.block(job, reason, Some(target), e.to_string())
+    }
+
+    /// Applies `f` to the database guard of every target that has one (LangGraph on
+    /// PostgreSQL), with the job's fence. A guard not installed in its database does nothing;
+    /// an unreachable one blocks the job (`target_unavailable`, retryable), so a job never
+    /// completes with a sink left unfenced or a fence left closed.
+    fn guards(
+        &self,
+        job: &JobRecord,
+        what: &str,
+        f: impl Fn(&dyn Guard, &Fence<'_>) -> Result<bool, AdapterError>,
+    ) -> Result<Step, EngineError> {
+        let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
+        for t in &self.targets {
+            let Some(g) = t.adapter.guard() else {
+                continue;
+            };
+            match f(g, &fence) {
+                Ok(true) => {
+                    tracing::info!(job = %job.job_id, target = %t.name, step = what, "Database guard updated.")
+                }
+                Ok(false) => {}
+                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+            }
+        }
+        Ok(Step::Next)
     }
 
     /// The scope adapters act on: a memory scope carries the version frozen in the tombstone.
@@ -349,6 +375,11 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
+        // The sinks' own fence first (FROZEN to COMPLETE): from here a writer that bypasses the
+        // gate is refused by the database itself, so the inventory below cannot be outgrown.
+        if let Step::Blocked = self.guards(job, "fence_closed", |g, f| g.close(f))? {
+            return Ok(Step::Blocked);
+        }
         // Inventory after the drain: once earlier permits are done, nothing can add rows.
         let undrained = self.drain(&job.job_id, opts, progress)?;
         if undrained > 0 {
@@ -381,6 +412,18 @@ impl Engine {
         };
         debug_assert_eq!(inventoried, Some(count));
         let scope = Self::frozen_scope(job);
+        // The guard learns what is erased before it is erased: a late write to an erased
+        // thread or item is refused from the first deleted row on (LangGraph issue 7206).
+        if let Some(g) = t.adapter.guard() {
+            let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
+            match g.record_erased(&fence, &locators) {
+                Ok(true) => {
+                    tracing::info!(job = %job.job_id, target = %t.name, locators = locators.len(), "Erased locators recorded in the database guard.")
+                }
+                Ok(false) => {}
+                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+            }
+        }
         self.journal.record(
             &self.now_rfc3339(),
             &job.job_id,
@@ -505,6 +548,12 @@ impl Engine {
                 },
             );
         }
+        // Everything is verified gone: open the sinks' fence (epoch and erased lists stay, so
+        // only writes under a lease taken after this job are admitted for the owner). Opened
+        // before COMPLETE so an unreachable guard blocks the job instead of leaving it closed.
+        if let Step::Blocked = self.guards(job, "fence_opened", |g, f| g.open(f))? {
+            return Ok(Step::Blocked);
+        }
         self.pause_point(opts, "before-complete");
         let cert = Certificate {
             format: certificate::FORMAT.to_string(),
@@ -573,6 +622,16 @@ impl Engine {
         // A hold placed while the job was blocked stops it here: preservation wins over
         // erasure until the hold is released.
         self.refuse_if_held(job)?;
+        // A BLOCKED job keeps its fence closed; closing again is idempotent and covers a guard
+        // installed since. An unreachable guard leaves the job BLOCKED as it is (no new entry:
+        // BLOCKED has no transition to itself).
+        let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
+        for t in &self.targets {
+            if let Some(Err(e)) = t.adapter.guard().map(|g| g.close(&fence)) {
+                tracing::warn!(job = %job.job_id, target = %t.name, error = %e, "Database guard unreachable; the job stays blocked.");
+                return Ok(Step::Blocked);
+            }
+        }
         // Nothing is erased while a permit from before the freeze may still write.
         let undrained = self.drain(&job.job_id, opts, progress)?;
         if undrained > 0 {

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use lethe_core::Scope;
 
+use crate::guard::Guard;
 use crate::postgres::{quote_qualified, Conn};
+use crate::postgres_guard::PgGuard;
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// The application's thread registry (names as configured; quoted when used).
@@ -33,6 +35,8 @@ pub struct Checkpointer {
     /// The registry and, when it lives elsewhere, its own connection.
     registry: Option<(Option<Conn>, Registry)>,
     metadata: Option<MetadataKeys>,
+    /// The database guard (its own connection, opened only when used).
+    guard: PgGuard,
 }
 
 const THREAD: &str = "0:";
@@ -54,13 +58,33 @@ impl Checkpointer {
         schema: String,
         registry: Option<(Option<Conn>, Registry)>,
         metadata: Option<MetadataKeys>,
+        guard_conn: Conn,
     ) -> Self {
+        // Trigger arguments: the metadata keys that hold the owner ('' when the target finds
+        // threads through its registry only: erased threads are still refused).
+        let (tk, sk) = metadata
+            .as_ref()
+            .map(|m| (m.tenant.clone(), m.subject.clone()))
+            .unwrap_or_default();
+        let args = vec![tk, sk];
+        let guard = PgGuard::new(
+            name,
+            guard_conn,
+            &schema,
+            vec![
+                ("checkpoints", "checkpoints_guard", args.clone()),
+                ("checkpoint_blobs", "thread_rows_guard", args.clone()),
+                ("checkpoint_writes", "thread_rows_guard", args),
+            ],
+            false,
+        );
         Self {
             name: name.to_string(),
             conn,
             schema: quote_qualified(&schema),
             registry,
             metadata,
+            guard,
         }
     }
 
@@ -201,8 +225,13 @@ impl Adapter for Checkpointer {
                 "threads:registry",
                 "threads:metadata",
                 "delete:set-based",
+                "guard:postgres-trigger",
             ],
         }
+    }
+
+    fn guard(&self) -> Option<&dyn Guard> {
+        Some(&self.guard)
     }
 
     fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {

@@ -120,10 +120,11 @@ impl Config {
             .map(|(c, r)| (c.map(|c| Conn::new(target, c)), r));
         Checkpointer::new(
             target,
-            Conn::new(target, self.conn),
+            Conn::new(target, self.conn.clone()),
             self.schema,
             registry,
             self.metadata,
+            Conn::new(target, self.conn),
         )
     }
 }

@@ -4,8 +4,10 @@ use std::collections::BTreeMap;
 
 use lethe_core::{Scope, Version};
 
+use crate::guard::Guard;
 use crate::namespace::{checked_items, locator, parse_locator, selection, Label, Selection};
 use crate::postgres::{like_escape, quote_qualified, Conn};
+use crate::postgres_guard::PgGuard;
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// A `langgraph-postgres-store` target.
@@ -19,6 +21,8 @@ pub struct Store {
     /// The schema name, for `to_regclass`.
     schema: String,
     template: Vec<Label>,
+    /// The database guard (its own connection, opened only when used).
+    guard: PgGuard,
 }
 
 /// An item's version: `updated_at` in UTC, microseconds, whatever the session's time zone.
@@ -29,9 +33,32 @@ const VERSION: &str = "to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH
 const IN_NAMESPACE: &str = "(prefix = $1 OR prefix LIKE $2 ESCAPE '\\')";
 
 impl Store {
-    pub(crate) fn new(name: &str, conn: Conn, schema: &str, template: Vec<Label>) -> Self {
+    pub(crate) fn new(
+        name: &str,
+        conn: Conn,
+        schema: &str,
+        template: Vec<Label>,
+        guard_conn: Conn,
+    ) -> Self {
         let q = quote_qualified(schema);
+        // Trigger arguments: the template's labels, as the trigger reads `prefix` with them.
+        let args = template
+            .iter()
+            .map(|l| match l {
+                Label::Tenant => "{tenant}".to_string(),
+                Label::Subject => "{subject}".to_string(),
+                Label::Literal(s) => s.clone(),
+            })
+            .collect();
+        let guard = PgGuard::new(
+            name,
+            guard_conn,
+            schema,
+            vec![("store", "store_guard", args)],
+            true,
+        );
         Self {
+            guard,
             name: name.to_string(),
             conn,
             store: format!("{q}.\"store\""),
@@ -120,8 +147,13 @@ impl Adapter for Store {
                 "hidden:expired",
                 "hidden:orphan-vectors",
                 "delete:set-based",
+                "guard:postgres-trigger",
             ],
         }
+    }
+
+    fn guard(&self) -> Option<&dyn Guard> {
+        Some(&self.guard)
     }
 
     fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {

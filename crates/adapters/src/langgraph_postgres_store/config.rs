@@ -51,9 +51,10 @@ impl Config {
     pub fn build(self, name: &str) -> Store {
         Store::new(
             name,
-            Conn::new(name, self.conn),
+            Conn::new(name, self.conn.clone()),
             &self.schema,
             self.template,
+            Conn::new(name, self.conn),
         )
     }
 }

@@ -1,0 +1,349 @@
+-- Lethe's database guard for LangGraph on PostgreSQL, version 1. Run in one transaction by
+-- `lethe guard install`; every statement is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
+-- REPLACE), so installing twice changes nothing. Everything lives in schema `lethe_guard`
+-- except the triggers, which `lethe_guard.attach` creates on LangGraph's tables.
+--
+-- Fence state holds no identifier: owners are SHA-256 digests of the tenant (and subject),
+-- erased threads and store items are digests of their ids. Refusals raise SQLSTATE `LT001`..
+-- `LT004` with messages that name no identifier.
+
+SET LOCAL client_min_messages = warning;
+CREATE SCHEMA IF NOT EXISTS lethe_guard;
+COMMENT ON SCHEMA lethe_guard IS 'Lethe database guard: fences, epochs, erased threads and items (see lethe guard status)';
+
+CREATE TABLE IF NOT EXISTS lethe_guard.meta (
+    key text PRIMARY KEY,
+    value text NOT NULL
+);
+
+-- One row per subject that a guarded job has fenced: the job's subject epoch, and whether its
+-- job is between FROZEN and COMPLETE. `owner` = lethe_guard.subject_owner(tenant, subject).
+CREATE TABLE IF NOT EXISTS lethe_guard.subject_fence (
+    owner bytea PRIMARY KEY,
+    epoch bigint NOT NULL,
+    fenced boolean NOT NULL
+);
+CREATE INDEX IF NOT EXISTS subject_fence_closed ON lethe_guard.subject_fence (owner) WHERE fenced;
+
+-- The same for tenant scopes (offboarding). `owner` = lethe_guard.tenant_owner(tenant).
+CREATE TABLE IF NOT EXISTS lethe_guard.tenant_fence (
+    owner bytea PRIMARY KEY,
+    epoch bigint NOT NULL,
+    fenced boolean NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tenant_fence_closed ON lethe_guard.tenant_fence (owner) WHERE fenced;
+
+-- Threads a job erased: never written again (thread ids are UUIDs; a new run takes a new one).
+CREATE TABLE IF NOT EXISTS lethe_guard.erased_thread (
+    thread bytea PRIMARY KEY
+);
+
+-- Store items a job erased. `forever`: erased by a memory scope, whose epoch does not move, so
+-- no token can tell a stale writer from a fresh one. Otherwise a write carrying
+-- `lethe_epoch >= epoch` (a lease taken after the erasure) may write the key again.
+CREATE TABLE IF NOT EXISTS lethe_guard.erased_item (
+    item bytea PRIMARY KEY,
+    epoch bigint NOT NULL,
+    forever boolean NOT NULL
+);
+
+-- Digests. NUL cannot occur in text, so the encodings are injective.
+CREATE OR REPLACE FUNCTION lethe_guard.tenant_owner(tenant text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT sha256(convert_to(tenant, 'UTF8')) $$;
+CREATE OR REPLACE FUNCTION lethe_guard.subject_owner(tenant text, subject text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT sha256(convert_to(tenant, 'UTF8') || '\x00'::bytea || convert_to(subject, 'UTF8')) $$;
+CREATE OR REPLACE FUNCTION lethe_guard.thread_digest(thread text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT sha256(convert_to(thread, 'UTF8')) $$;
+CREATE OR REPLACE FUNCTION lethe_guard.item_digest(prefix text, key text) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT sha256(convert_to(prefix, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')) $$;
+
+-- A fencing token from a JSON value: NULL when absent, the integer otherwise; anything else is
+-- refused (a malformed token is never read as "no token").
+CREATE OR REPLACE FUNCTION lethe_guard.token(v jsonb) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(v) <> 'number' OR (v #>> '{}') !~ '^[0-9]{1,18}$' THEN
+        RAISE EXCEPTION 'lethe guard: malformed fencing token: lethe_epoch must be a non-negative integer'
+            USING ERRCODE = 'LT002';
+    END IF;
+    RETURN (v #>> '{}')::bigint;
+END $$;
+
+-- The owner checks every guarded write goes through. `epoch` / `tenant_epoch` are the tokens the
+-- write carries (lethe_epoch / lethe_tenant_epoch). A tenant or subject with no fence row was
+-- never erased under the guard: its writes are admitted unchanged.
+CREATE OR REPLACE FUNCTION lethe_guard.check_owner(
+    tenant text, subject text, epoch jsonb, tenant_epoch jsonb, fence_only boolean
+) RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    cur bigint;
+    closed boolean;
+    tok bigint;
+BEGIN
+    IF tenant IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT f.epoch, f.fenced INTO cur, closed
+        FROM lethe_guard.tenant_fence f WHERE f.owner = lethe_guard.tenant_owner(tenant);
+    IF FOUND THEN
+        IF closed THEN
+            RAISE EXCEPTION 'lethe guard: an erasure of this tenant is running; no write is admitted until it completes'
+                USING ERRCODE = 'LT001';
+        END IF;
+        IF NOT fence_only THEN
+            tok := lethe_guard.token(tenant_epoch);
+            IF tok IS NULL OR tok < cur THEN
+                RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this tenant was erased; take a new lease (lethe_tenant_epoch)'
+                    USING ERRCODE = 'LT002';
+            END IF;
+        END IF;
+    END IF;
+    IF subject IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT f.epoch, f.fenced INTO cur, closed
+        FROM lethe_guard.subject_fence f WHERE f.owner = lethe_guard.subject_owner(tenant, subject);
+    IF FOUND THEN
+        IF closed THEN
+            RAISE EXCEPTION 'lethe guard: an erasure of this subject is running; no write is admitted until it completes'
+                USING ERRCODE = 'LT001';
+        END IF;
+        IF NOT fence_only THEN
+            tok := lethe_guard.token(epoch);
+            IF tok IS NULL OR tok < cur THEN
+                RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this subject was erased; take a new lease (lethe_epoch)'
+                    USING ERRCODE = 'LT002';
+            END IF;
+        END IF;
+    END IF;
+END $$;
+
+
+-- The decision for one write, from one lookup (`lethe_guard.lookup`): raises the refusal or
+-- returns. Pure computation, no query: the lookups are done once, in one statement, by the
+-- trigger (one statement per row keeps the guard's cost low; bench/README.md, "Guard").
+CREATE OR REPLACE FUNCTION lethe_guard.decide(
+    t_epoch bigint, t_fenced boolean, s_epoch bigint, s_fenced boolean,
+    epoch jsonb, tenant_epoch jsonb, fence_only boolean
+) RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    tok bigint;
+BEGIN
+    IF t_fenced THEN
+        RAISE EXCEPTION 'lethe guard: an erasure of this tenant is running; no write is admitted until it completes'
+            USING ERRCODE = 'LT001';
+    END IF;
+    IF s_fenced THEN
+        RAISE EXCEPTION 'lethe guard: an erasure of this subject is running; no write is admitted until it completes'
+            USING ERRCODE = 'LT001';
+    END IF;
+    IF fence_only THEN
+        RETURN;
+    END IF;
+    IF t_epoch IS NOT NULL THEN
+        tok := lethe_guard.token(tenant_epoch);
+        IF tok IS NULL OR tok < t_epoch THEN
+            RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this tenant was erased; take a new lease (lethe_tenant_epoch)'
+                USING ERRCODE = 'LT002';
+        END IF;
+    END IF;
+    IF s_epoch IS NOT NULL THEN
+        tok := lethe_guard.token(epoch);
+        IF tok IS NULL OR tok < s_epoch THEN
+            RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this subject was erased; take a new lease (lethe_epoch)'
+                USING ERRCODE = 'LT002';
+        END IF;
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION lethe_guard.refuse_erased_thread(tid text) RETURNS void
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM lethe_guard.erased_thread e WHERE e.thread = lethe_guard.thread_digest(tid)) THEN
+        RAISE EXCEPTION 'lethe guard: this thread was erased; a write would resurrect it (start a new thread)'
+            USING ERRCODE = 'LT003';
+    END IF;
+END $$;
+
+-- `checkpoints`: TG_ARGV = (tenant key, subject key) of checkpoints.metadata ('' if none).
+-- The owner and the tokens travel in the metadata LangGraph copies from the run config.
+CREATE OR REPLACE FUNCTION lethe_guard.checkpoints_guard() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+    s text;
+    erased boolean;
+    te bigint; tf boolean; se bigint; sf boolean;
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.thread_id = OLD.thread_id
+       AND NEW.checkpoint IS NOT DISTINCT FROM OLD.checkpoint
+       AND NEW.metadata IS NOT DISTINCT FROM OLD.metadata THEN
+        RETURN NEW;
+    END IF;
+    IF TG_ARGV[0] <> '' THEN
+        t := NEW.metadata ->> TG_ARGV[0];
+        IF TG_ARGV[1] <> '' THEN
+            s := NEW.metadata ->> TG_ARGV[1];
+        END IF;
+    END IF;
+    SELECT EXISTS (SELECT 1 FROM lethe_guard.erased_thread e WHERE e.thread = lethe_guard.thread_digest(NEW.thread_id)),
+           tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced
+      INTO erased, te, tf, se, sf
+      FROM (SELECT 1) one
+      LEFT JOIN lethe_guard.tenant_fence tfe ON tfe.owner = lethe_guard.tenant_owner(t)
+      LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = lethe_guard.subject_owner(t, s);
+    IF erased THEN
+        RAISE EXCEPTION 'lethe guard: this thread was erased; a write would resurrect it (start a new thread)'
+            USING ERRCODE = 'LT003';
+    END IF;
+    IF te IS NOT NULL OR se IS NOT NULL THEN
+        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch', false);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- `checkpoint_blobs` and `checkpoint_writes` carry only the thread id. Erased threads are
+-- refused by digest (one primary-key probe).
+--
+-- A task write (`checkpoint_writes`) names its checkpoint and is attributed to that
+-- checkpoint's owner (one primary-key probe), so a fenced owner's writes are refused. A write
+-- whose checkpoint is not there is admitted: under LangGraph's default (async) durability a
+-- task's writes may commit before the checkpoint they name, on the same connection, so no
+-- wait can tell that race from a refused checkpoint. (Limit, documented: a stale run that
+-- starts a NEW thread has every checkpoint refused, but with async durability its tasks'
+-- writes can land under a thread no checkpoint names. LangGraph never reads them; Lethe
+-- cannot attribute them. `durability="sync"` closes it: the refused put stops the run first.)
+--
+-- Blobs are written in the same transaction as their checkpoint, before it, so a refused
+-- checkpoint rolls them back; while some fence is closed, a blob of an existing thread is
+-- attributed through one checkpoint of the thread.
+CREATE OR REPLACE FUNCTION lethe_guard.thread_rows_guard() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+DECLARE
+    md jsonb;
+    tf boolean;
+    sf boolean;
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW IS NOT DISTINCT FROM OLD THEN
+        RETURN NEW;
+    END IF;
+    PERFORM lethe_guard.refuse_erased_thread(NEW.thread_id);
+    IF TG_ARGV[0] = '' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_TABLE_NAME = 'checkpoint_writes' THEN
+        IF TG_TABLE_SCHEMA = 'public' THEN
+            -- The common case in one statement: the checkpoint's owner and its fences.
+            SELECT tfe.fenced, sfe.fenced INTO tf, sf
+              FROM public.checkpoints c
+              LEFT JOIN lethe_guard.tenant_fence tfe
+                     ON tfe.fenced AND tfe.owner = lethe_guard.tenant_owner(c.metadata ->> TG_ARGV[0])
+              LEFT JOIN lethe_guard.subject_fence sfe
+                     ON sfe.fenced AND sfe.owner = lethe_guard.subject_owner(c.metadata ->> TG_ARGV[0], c.metadata ->> NULLIF(TG_ARGV[1], ''))
+             WHERE c.thread_id = NEW.thread_id AND c.checkpoint_ns = NEW.checkpoint_ns
+               AND c.checkpoint_id = NEW.checkpoint_id;
+            IF tf OR sf THEN
+                PERFORM lethe_guard.decide(NULL, tf, NULL, sf, NULL, NULL, true);
+            END IF;
+            RETURN NEW;
+        ELSE
+            EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3',
+                           TG_TABLE_SCHEMA)
+                INTO md USING NEW.thread_id, NEW.checkpoint_ns, NEW.checkpoint_id;
+        END IF;
+        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, true);
+    ELSIF EXISTS (SELECT 1 FROM lethe_guard.subject_fence WHERE fenced)
+          OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence WHERE fenced) THEN
+        EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 LIMIT 1', TG_TABLE_SCHEMA)
+            INTO md USING NEW.thread_id;
+        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, true);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- `store`: TG_ARGV = the namespace template's labels ('{tenant}', '{subject}' or a literal).
+-- The owner is read from `prefix` exactly as the store adapter selects scopes; the tokens are
+-- the reserved top-level keys `lethe_epoch` / `lethe_tenant_epoch` of the item's value.
+CREATE OR REPLACE FUNCTION lethe_guard.store_guard() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+DECLARE
+    labels text[];
+    a text;
+    l text;
+    t text;
+    s text;
+    at_subject boolean := false;
+    cur bigint;
+    forever boolean;
+    tok bigint;
+    te bigint; tf boolean; se bigint; sf boolean;
+BEGIN
+    -- A TTL refresh (LangGraph updates expires_at on read) writes no memory.
+    IF TG_OP = 'UPDATE' AND NEW.prefix = OLD.prefix AND NEW.key = OLD.key
+       AND NEW.value IS NOT DISTINCT FROM OLD.value THEN
+        RETURN NEW;
+    END IF;
+    labels := string_to_array(NEW.prefix, '.');
+    FOR i IN 0 .. TG_NARGS - 1 LOOP
+        a := TG_ARGV[i];
+        l := labels[i + 1];
+        IF NOT at_subject THEN
+            IF a = '{subject}' THEN
+                s := l;
+                EXIT WHEN l IS NULL;
+                at_subject := true;
+            ELSIF l IS NULL THEN
+                t := NULL;
+                EXIT;
+            ELSIF a = '{tenant}' THEN
+                t := l;
+            ELSIF a <> l THEN
+                t := NULL;
+                EXIT;
+            END IF;
+        ELSIF l IS NULL OR a <> l THEN
+            s := NULL;
+            EXIT;
+        END IF;
+    END LOOP;
+    SELECT e.epoch, e.forever, tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced
+      INTO cur, forever, te, tf, se, sf
+      FROM (SELECT 1) one
+      LEFT JOIN lethe_guard.erased_item e ON e.item = lethe_guard.item_digest(NEW.prefix, NEW.key)
+      LEFT JOIN lethe_guard.tenant_fence tfe ON tfe.owner = lethe_guard.tenant_owner(t)
+      LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = lethe_guard.subject_owner(t, s);
+    IF cur IS NOT NULL THEN
+        tok := lethe_guard.token(NEW.value -> 'lethe_epoch');
+        IF forever OR tok IS NULL OR tok < cur THEN
+            RAISE EXCEPTION 'lethe guard: this store item was erased; only a write under a lease taken after the erasure may write it again'
+                USING ERRCODE = 'LT004';
+        END IF;
+    END IF;
+    IF te IS NOT NULL OR se IS NOT NULL THEN
+        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch', false);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- Creates (or replaces) the trigger `lethe_guard` on one table. Identifiers and arguments are
+-- quoted here, never by the caller.
+CREATE OR REPLACE FUNCTION lethe_guard.attach(tbl_schema text, tbl text, fn text, args text[])
+    RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF fn NOT IN ('checkpoints_guard', 'thread_rows_guard', 'store_guard') THEN
+        RAISE EXCEPTION 'lethe guard: unknown guard function';
+    END IF;
+    EXECUTE format('CREATE OR REPLACE TRIGGER lethe_guard BEFORE INSERT OR UPDATE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lethe_guard.%I(%s)',
+                   tbl_schema, tbl, fn,
+                   coalesce((SELECT string_agg(quote_literal(x), ', ' ORDER BY n) FROM unnest(args) WITH ORDINALITY AS u(x, n)), ''));
+END $$;
+
+INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '1')
+    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

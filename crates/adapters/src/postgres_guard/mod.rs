@@ -1,0 +1,360 @@
+//! The database guard for LangGraph on PostgreSQL: schema `lethe_guard` and `BEFORE INSERT OR
+//! UPDATE` triggers on `checkpoints`, `checkpoint_blobs`, `checkpoint_writes` and `store`.
+//!
+//! The triggers and their rules are in `install.sql` (read it first). In short, a write is
+//! refused when:
+//! - it goes to a thread or a store item a job erased (LangGraph issue 7206: a late `put` or
+//!   `put_writes` after `delete_thread` recreates the thread) — `LT003`, `LT004`;
+//! - its owner's erasure is running (FROZEN to COMPLETE) — `LT001`;
+//! - its owner was erased and it carries no token, or a token older than the erasure — `LT002`.
+//!
+//! Owners are found the way the adapters find them: for checkpoints, the target's `metadata`
+//! keys in `checkpoints.metadata`; for task writes, the checkpoint they name; for blobs, one
+//! checkpoint of their thread (only while a fence is closed); for store items, the namespace template's labels in `prefix`.
+//! Tokens: `lethe_epoch` (and `lethe_tenant_epoch`) in the run config's metadata, which
+//! LangGraph copies into `checkpoints.metadata`; for the store, the same top-level keys in the
+//! item's value. `store_vectors` needs no trigger: its foreign key to `store` admits a vector
+//! only for an admitted item.
+//!
+//! Identifiers never reach SQL text: values are parameters, table names are quoted by
+//! `format('%I')` (`lethe_guard.attach`, and the `DROP TRIGGER` uninstall builds), and the owner and item columns hold
+//! SHA-256 digests, never identifiers.
+
+use crate::guard::{Fence, Guard, GuardStatus};
+use crate::postgres::Conn;
+use crate::{AdapterError, Locator};
+
+/// The guard's version, stored in `lethe_guard.meta`.
+pub const VERSION: &str = "1";
+
+const INSTALL: &str = include_str!("install.sql");
+
+/// Objects the guard owns, dropped by uninstall in this order, then the schema (RESTRICT, so
+/// anything else someone put there stops the uninstall instead of being dropped).
+const UNINSTALL: &str = "
+DROP FUNCTION IF EXISTS lethe_guard.attach(text, text, text, text[]);
+DROP FUNCTION IF EXISTS lethe_guard.store_guard();
+DROP FUNCTION IF EXISTS lethe_guard.thread_rows_guard();
+DROP FUNCTION IF EXISTS lethe_guard.checkpoints_guard();
+DROP FUNCTION IF EXISTS lethe_guard.refuse_erased_thread(text);
+DROP FUNCTION IF EXISTS lethe_guard.check_owner(text, text, jsonb, jsonb, boolean);
+DROP FUNCTION IF EXISTS lethe_guard.decide(bigint, boolean, bigint, boolean, jsonb, jsonb, boolean);
+DROP FUNCTION IF EXISTS lethe_guard.token(jsonb);
+DROP FUNCTION IF EXISTS lethe_guard.item_digest(text, text);
+DROP FUNCTION IF EXISTS lethe_guard.thread_digest(text);
+DROP FUNCTION IF EXISTS lethe_guard.subject_owner(text, text);
+DROP FUNCTION IF EXISTS lethe_guard.tenant_owner(text);
+DROP TABLE IF EXISTS lethe_guard.erased_item;
+DROP TABLE IF EXISTS lethe_guard.erased_thread;
+DROP TABLE IF EXISTS lethe_guard.tenant_fence;
+DROP TABLE IF EXISTS lethe_guard.subject_fence;
+DROP TABLE IF EXISTS lethe_guard.meta;
+DROP SCHEMA IF EXISTS lethe_guard RESTRICT;
+";
+
+/// Serializes installs, uninstalls and fence changes of one database (any value; the guard's).
+const LOCK: i64 = 0x6c65_7468_6567_7264; // "lethegrd"
+
+/// One trigger: table, guard function, trigger arguments.
+pub(crate) type Attach = (&'static str, &'static str, Vec<String>);
+
+/// A PostgreSQL target's guard.
+#[derive(Debug)]
+pub(crate) struct PgGuard {
+    target: String,
+    conn: Conn,
+    /// LangGraph's schema (unquoted; quoted by `format('%I')`).
+    schema: String,
+    /// This target's triggers.
+    attach: Vec<Attach>,
+    /// Store items (true) or threads (false).
+    items: bool,
+}
+
+fn installed_sql() -> &'static str {
+    "SELECT to_regnamespace('lethe_guard') IS NOT NULL"
+}
+
+impl PgGuard {
+    pub(crate) fn new(
+        target: &str,
+        conn: Conn,
+        schema: &str,
+        attach: Vec<Attach>,
+        items: bool,
+    ) -> Self {
+        Self {
+            target: target.to_string(),
+            conn,
+            schema: schema.to_string(),
+            attach,
+            items,
+        }
+    }
+
+    fn failed(&self, why: &str) -> AdapterError {
+        AdapterError::Failed {
+            target: self.target.clone(),
+            why: why.to_string(),
+        }
+    }
+
+    fn tables(&self) -> Vec<String> {
+        self.attach
+            .iter()
+            .map(|(t, _, _)| (*t).to_string())
+            .collect()
+    }
+
+    /// Runs `f` in one transaction under the guard's advisory lock, if the guard's schema
+    /// exists. `Ok(None)`: not installed.
+    fn in_guard<T>(
+        &self,
+        f: impl FnOnce(&mut postgres::Transaction<'_>) -> Result<T, postgres::Error>,
+    ) -> Result<Option<T>, AdapterError> {
+        self.conn.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])?;
+            let installed: bool = tx.query_one(installed_sql(), &[])?.get(0);
+            if !installed {
+                return Ok(None);
+            }
+            let out = f(&mut tx)?;
+            tx.commit()?;
+            Ok(Some(out))
+        })
+    }
+}
+
+/// Counts this target's triggers named `lethe_guard` calling a function of schema lethe_guard.
+const TRIGGERS: &str = "
+SELECT count(*) FROM pg_trigger tg
+  JOIN pg_class c ON c.oid = tg.tgrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_proc p ON p.oid = tg.tgfoid
+ WHERE tg.tgname = 'lethe_guard' AND n.nspname = $1 AND c.relname = ANY($2)
+   AND p.pronamespace = to_regnamespace('lethe_guard')";
+
+impl Guard for PgGuard {
+    fn status(&self) -> Result<GuardStatus, AdapterError> {
+        let tables = self.tables();
+        let needed = tables.len() as u64;
+        self.conn.with(|c| {
+            let mut tx = c.build_transaction().read_only(true).start()?;
+            let present: bool = tx.query_one(installed_sql(), &[])?.get(0);
+            if !present {
+                return Ok(GuardStatus {
+                    triggers_needed: needed,
+                    ..GuardStatus::default()
+                });
+            }
+            let triggers: i64 = tx.query_one(TRIGGERS, &[&self.schema, &tables])?.get(0);
+            let r = tx.query_one(
+                "SELECT (SELECT value FROM lethe_guard.meta WHERE key = 'version'),
+                        (SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced),
+                        (SELECT count(*) FROM lethe_guard.tenant_fence WHERE fenced),
+                        (SELECT count(*) FROM lethe_guard.subject_fence) + (SELECT count(*) FROM lethe_guard.tenant_fence),
+                        (SELECT count(*) FROM lethe_guard.erased_thread),
+                        (SELECT count(*) FROM lethe_guard.erased_item)",
+                &[],
+            )?;
+            tx.commit()?;
+            Ok(GuardStatus {
+                installed: triggers as u64 == needed,
+                version: r.get(0),
+                triggers: triggers as u64,
+                triggers_needed: needed,
+                fenced_subjects: r.get::<_, i64>(1) as u64,
+                fenced_tenants: r.get::<_, i64>(2) as u64,
+                erased_owners: r.get::<_, i64>(3) as u64,
+                erased_threads: r.get::<_, i64>(4) as u64,
+                erased_items: r.get::<_, i64>(5) as u64,
+            })
+        })
+    }
+
+    fn install(&self) -> Result<(), AdapterError> {
+        // Refuse a schema the triggers cannot find, before creating anything.
+        for t in self.tables() {
+            let name = format!("{}.{}", quote(&self.schema), quote(&t));
+            let found: bool = self.conn.with(|c| {
+                Ok(c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])?
+                    .get(0))
+            })?;
+            if !found {
+                return Err(self.failed(&format!(
+                    "no table {t} in schema {}: is this a LangGraph database (and `schema` right)?",
+                    self.schema
+                )));
+            }
+        }
+        self.conn.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])?;
+            tx.batch_execute(INSTALL)?;
+            for (table, function, args) in &self.attach {
+                tx.execute(
+                    "SELECT lethe_guard.attach($1, $2, $3, $4)",
+                    &[&self.schema, table, function, args],
+                )?;
+            }
+            tx.commit()
+        })
+    }
+
+    fn uninstall(&self) -> Result<(), AdapterError> {
+        let tables = self.tables();
+        let fenced = self.in_guard(|tx| {
+            let n: i64 = tx
+                .query_one(
+                    "SELECT (SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced)
+                          + (SELECT count(*) FROM lethe_guard.tenant_fence WHERE fenced)",
+                    &[],
+                )?
+                .get(0);
+            if n > 0 {
+                return Ok(true);
+            }
+            for t in &tables {
+                // Only a trigger of ours: named lethe_guard and calling a lethe_guard function.
+                let ours: i64 = tx
+                    .query_one(TRIGGERS, &[&self.schema, &vec![t.clone()]])?
+                    .get(0);
+                if ours > 0 {
+                    let sql: String = tx
+                        .query_one(
+                            "SELECT format('DROP TRIGGER lethe_guard ON %I.%I', $1::text, $2::text)",
+                            &[&self.schema, t],
+                        )?
+                        .get(0);
+                    tx.batch_execute(&sql)?;
+                }
+            }
+            let left: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM pg_trigger tg JOIN pg_proc p ON p.oid = tg.tgfoid
+                      WHERE p.pronamespace = to_regnamespace('lethe_guard')",
+                    &[],
+                )?
+                .get(0);
+            if left == 0 {
+                tx.batch_execute(UNINSTALL)?;
+            }
+            Ok(false)
+        })?;
+        if fenced == Some(true) {
+            return Err(self.failed(
+                "an erasure is running (a fence is closed): finish or resume its job before uninstalling the guard",
+            ));
+        }
+        Ok(())
+    }
+
+    fn close(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
+        let done = self.in_guard(|tx| {
+            match fence {
+                Fence::Subject { tenant, subject, epoch } => {
+                    tx.execute(
+                        "INSERT INTO lethe_guard.subject_fence (owner, epoch, fenced)
+                         VALUES (lethe_guard.subject_owner($1, $2), $3, true)
+                         ON CONFLICT (owner) DO UPDATE
+                           SET epoch = GREATEST(lethe_guard.subject_fence.epoch, EXCLUDED.epoch), fenced = true",
+                        &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
+                    )?;
+                }
+                Fence::Tenant { tenant, epoch } => {
+                    tx.execute(
+                        "INSERT INTO lethe_guard.tenant_fence (owner, epoch, fenced)
+                         VALUES (lethe_guard.tenant_owner($1), $2, true)
+                         ON CONFLICT (owner) DO UPDATE
+                           SET epoch = GREATEST(lethe_guard.tenant_fence.epoch, EXCLUDED.epoch), fenced = true",
+                        &[&tenant.as_str(), &(*epoch as i64)],
+                    )?;
+                }
+                Fence::Memory => {}
+            }
+            Ok(())
+        })?;
+        Ok(done.is_some())
+    }
+
+    fn record_erased(&self, fence: &Fence<'_>, frozen: &[Locator]) -> Result<bool, AdapterError> {
+        if self.items {
+            let mut prefixes = Vec::new();
+            let mut keys = Vec::new();
+            for (loc, _) in frozen {
+                let (p, k) = crate::namespace::parse_locator(&self.target, loc)?;
+                prefixes.push(p);
+                keys.push(k);
+            }
+            // A memory scope moves no epoch: no token can tell a stale writer from a fresh
+            // one, so the item stays erased. A tenant scope's check is the tenant token.
+            let (epoch, forever) = match fence {
+                Fence::Subject { epoch, .. } => (*epoch as i64, false),
+                Fence::Tenant { .. } => (0, false),
+                Fence::Memory => (0, true),
+            };
+            let done = self.in_guard(|tx| {
+                tx.execute(
+                    "INSERT INTO lethe_guard.erased_item (item, epoch, forever)
+                     SELECT lethe_guard.item_digest(p, k), $3, $4 FROM unnest($1::text[], $2::text[]) AS u(p, k)
+                     ON CONFLICT (item) DO UPDATE
+                       SET epoch = GREATEST(lethe_guard.erased_item.epoch, EXCLUDED.epoch),
+                           forever = lethe_guard.erased_item.forever OR EXCLUDED.forever",
+                    &[&prefixes, &keys, &epoch, &forever],
+                )
+                .map(|_| ())
+            })?;
+            Ok(done.is_some())
+        } else {
+            // Thread locators `0:<thread>` (and the registry's `1:<thread>`: same threads).
+            let threads: Vec<String> = frozen
+                .iter()
+                .filter_map(|(l, _)| l.split_once(':').map(|(_, t)| t.to_string()))
+                .collect();
+            let done = self.in_guard(|tx| {
+                tx.execute(
+                    "INSERT INTO lethe_guard.erased_thread (thread)
+                     SELECT DISTINCT lethe_guard.thread_digest(t) FROM unnest($1::text[]) AS u(t)
+                     ON CONFLICT (thread) DO NOTHING",
+                    &[&threads],
+                )
+                .map(|_| ())
+            })?;
+            Ok(done.is_some())
+        }
+    }
+
+    fn open(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
+        let done = self.in_guard(|tx| {
+            match fence {
+                Fence::Subject {
+                    tenant,
+                    subject,
+                    epoch,
+                } => {
+                    tx.execute(
+                        "UPDATE lethe_guard.subject_fence SET fenced = false
+                          WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3",
+                        &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
+                    )?;
+                }
+                Fence::Tenant { tenant, epoch } => {
+                    tx.execute(
+                        "UPDATE lethe_guard.tenant_fence SET fenced = false
+                          WHERE owner = lethe_guard.tenant_owner($1) AND epoch <= $2",
+                        &[&tenant.as_str(), &(*epoch as i64)],
+                    )?;
+                }
+                Fence::Memory => {}
+            }
+            Ok(())
+        })?;
+        Ok(done.is_some())
+    }
+}
+
+/// Quotes one identifier for `to_regclass` (a parameter, not SQL text).
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}

@@ -1,0 +1,680 @@
+//! The database guard on real PostgreSQL 15 and 18, over data written by real LangGraph
+//! (`scripts/pg seed-small`, the template database `scripts/test` makes). Each test clones its
+//! own database. The refusals are checked with plain SQL writes shaped like LangGraph's; the
+//! same through LangGraph's own `PostgresSaver` and `PostgresStore` is
+//! `tests/e2e/guard_stale_writer.sh`.
+//!
+//! Environment: as `postgres_conformance.rs` (LETHE_PG15_URL, LETHE_PG18_URL,
+//! LETHE_PG_TEMPLATE, LETHE_PG15_MANIFEST, LETHE_PG18_MANIFEST).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lethe_adapters::{Fence, Guard, Target};
+use lethe_core::{MemoryId, Scope, Subject, Tenant};
+use postgres::{Client, NoTls};
+
+struct Server {
+    admin: String,
+    manifest: serde_json::Value,
+}
+
+fn server(version: u32) -> Server {
+    let default_port = if version == 15 { 5432 } else { 54318 };
+    let admin = std::env::var(format!("LETHE_PG{version}_URL"))
+        .unwrap_or_else(|_| format!("postgres://postgres@127.0.0.1:{default_port}/postgres"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let path = std::env::var(format!("LETHE_PG{version}_MANIFEST"))
+        .map(Into::into)
+        .unwrap_or_else(|_| root.join(format!("target/pg{version}-manifest.json")));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/test, which seeds PostgreSQL {version} through real LangGraph",
+            path.display()
+        )
+    });
+    Server {
+        admin,
+        manifest: serde_json::from_str(&text).unwrap(),
+    }
+}
+
+/// A database cloned from the template, dropped at the end.
+struct Db {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+impl Db {
+    fn new(s: &Server) -> Self {
+        let template = std::env::var("LETHE_PG_TEMPLATE").unwrap_or_else(|_| "lethe_tpl".into());
+        let name = format!(
+            "lethe_guard_t_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut admin = Client::connect(&s.admin, NoTls).expect("PostgreSQL reachable");
+        for attempt in 0.. {
+            match admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}")) {
+                Ok(()) => break,
+                // Clones serialize on the template; retry while another clone holds it.
+                Err(e) if attempt < 5_000 && e.to_string().contains("being accessed") => {
+                    std::thread::yield_now()
+                }
+                Err(e) => panic!("cloning the template: {e}"),
+            }
+        }
+        let url = format!("{}/{name}", s.admin.rsplit_once('/').unwrap().0);
+        Db {
+            admin: s.admin.clone(),
+            name,
+            url,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.url, NoTls).unwrap()
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&self.admin, NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+fn target(toml_text: &str) -> Target {
+    lethe_adapters::build(1, toml::from_str(toml_text).unwrap(), Path::new(".")).unwrap()
+}
+
+fn checkpointer(url: &str, schema: &str) -> Target {
+    target(&format!(
+        r#"
+name = "checkpoints"
+kind = "langgraph-postgres-checkpointer"
+class = "primary"
+url = "{url}"
+schema = {schema:?}
+metadata = {{ tenant = "tenant_id", subject = "user_id" }}
+"#
+    ))
+}
+
+fn store(url: &str, schema: &str) -> Target {
+    target(&format!(
+        r#"
+name = "memories"
+kind = "langgraph-postgres-store"
+class = "primary"
+url = "{url}"
+schema = {schema:?}
+namespace = ["{{tenant}}", "{{subject}}"]
+"#
+    ))
+}
+
+fn guard(t: &Target) -> &dyn Guard {
+    t.adapter.guard().expect("PostgreSQL targets have a guard")
+}
+
+fn scope(t: &str, s: &str) -> Scope {
+    Scope::Subject {
+        tenant: Tenant::new(t).unwrap(),
+        subject: Subject::new(s).unwrap(),
+    }
+}
+
+/// Every row of every LangGraph table not owned by `(tenant, subject)`, as `row::text`.
+/// Threads named `fresh-*` are the tests' own new threads for that subject.
+fn others(c: &mut Client, m: &serde_json::Value, tenant: &str, subject: &str) -> Vec<String> {
+    let mine: Vec<String> = m["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["tenant_id"] == tenant && s["user_id"] == subject)
+        .flat_map(|s| s["threads"].as_array().unwrap().clone())
+        .map(|t| t["thread_id"].as_str().unwrap().to_string())
+        .collect();
+    let prefix = format!("{tenant}.{subject}");
+    let mut out = Vec::new();
+    for t in ["checkpoints", "checkpoint_blobs", "checkpoint_writes"] {
+        for r in c
+            .query(
+                &format!("SELECT x::text FROM {t} x WHERE NOT (thread_id = ANY($1)) AND thread_id NOT LIKE 'fresh-%' ORDER BY 1"),
+                &[&mine],
+            )
+            .unwrap()
+        {
+            out.push(format!("{t}:{}", r.get::<_, String>(0)));
+        }
+    }
+    for t in ["store", "store_vectors", "thread_registry"] {
+        let exists: bool = c
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&t])
+            .unwrap()
+            .get(0);
+        if !exists {
+            continue;
+        }
+        let cond = if t == "thread_registry" {
+            "NOT (tenant_id = $1 AND user_id = $2)"
+        } else {
+            "NOT (prefix = $3 OR starts_with(prefix, $3 || '.'))"
+        };
+        let sql = format!(
+            "SELECT x::text FROM {t} x WHERE {cond} AND $1::text IS NOT NULL AND $2::text IS NOT NULL AND $3::text IS NOT NULL ORDER BY 1"
+        );
+        for r in c.query(&sql, &[&tenant, &subject, &prefix]).unwrap() {
+            out.push(format!("{t}:{}", r.get::<_, String>(0)));
+        }
+    }
+    out
+}
+
+/// The SQLSTATE of a write, `None` when admitted.
+fn write(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+) -> Option<String> {
+    match c.execute(sql, params) {
+        Ok(_) => None,
+        Err(e) => Some(
+            e.code()
+                .map(|c| c.code().to_string())
+                .unwrap_or_else(|| panic!("not a database error: {e}")),
+        ),
+    }
+}
+
+const PUT_CHECKPOINT: &str = "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata)
+     VALUES ($1, '', $2, '{}', $3::text::jsonb)
+     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id) DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata";
+const PUT_WRITE: &str = "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob)
+     VALUES ($1, '', $2, 'task', 0, 'messages', 'json', '\\x00')
+     ON CONFLICT (thread_id, checkpoint_ns, checkpoint_id, task_id, idx) DO UPDATE SET blob = EXCLUDED.blob";
+const PUT_BLOB: &str =
+    "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+     VALUES ($1, '', 'messages', $2, 'json', '\\x00') ON CONFLICT DO NOTHING";
+const PUT_ITEM: &str = "INSERT INTO store (prefix, key, value) VALUES ($1, $2, $3::text::jsonb)
+     ON CONFLICT (prefix, key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()";
+
+fn meta(tenant: &str, subject: &str, epoch: Option<i64>) -> String {
+    let mut m =
+        serde_json::json!({"tenant_id": tenant, "user_id": subject, "source": "loop", "step": 1});
+    if let Some(e) = epoch {
+        m["lethe_epoch"] = e.into();
+    }
+    m.to_string()
+}
+
+fn value(epoch: Option<i64>) -> String {
+    let mut v = serde_json::json!({"text": "a new memory"});
+    if let Some(e) = epoch {
+        v["lethe_epoch"] = e.into();
+    }
+    v.to_string()
+}
+
+/// A thread of alice's, from the manifest.
+fn a_thread(m: &serde_json::Value, tenant: &str, subject: &str) -> String {
+    m["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["tenant_id"] == tenant && s["user_id"] == subject)
+        .unwrap()["threads"][0]["thread_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Catalog objects outside LangGraph's own: schemas, functions, triggers, tables.
+fn catalog(c: &mut Client) -> BTreeSet<String> {
+    let sql = "SELECT 'schema ' || nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
+               UNION ALL SELECT 'trigger ' || tgrelid::regclass::text || ' ' || tgname FROM pg_trigger WHERE NOT tgisinternal
+               UNION ALL SELECT 'function ' || p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                          WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+               UNION ALL SELECT 'relation ' || c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                          WHERE n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'";
+    c.query(sql, &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    let before = catalog(&mut c);
+    let data_before = others(&mut c, &srv.manifest, "-", "-");
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    assert!(!guard(&cp).status().unwrap().installed);
+    for _ in 0..2 {
+        guard(&cp).install().unwrap();
+        guard(&st).install().unwrap();
+    }
+    let installed = catalog(&mut c);
+    assert!(installed.contains("schema lethe_guard"));
+    assert_eq!(
+        installed
+            .iter()
+            .filter(|o| o.starts_with("trigger ") && o.ends_with(" lethe_guard"))
+            .count(),
+        4,
+        "one trigger per guarded table"
+    );
+    for (t, n) in [(&cp, 3), (&st, 1)] {
+        let s = guard(t).status().unwrap();
+        assert!(s.installed);
+        assert_eq!(s.version.as_deref(), Some(lethe_adapters::GUARD_VERSION));
+        assert_eq!((s.triggers, s.triggers_needed), (n, n));
+        assert_eq!(s.fenced_subjects + s.erased_threads + s.erased_items, 0);
+    }
+    // Uninstalling one target keeps the schema for the other; the second removes everything.
+    guard(&st).uninstall().unwrap();
+    assert!(!guard(&st).status().unwrap().installed);
+    assert!(guard(&cp).status().unwrap().installed);
+    guard(&cp).uninstall().unwrap();
+    guard(&cp).uninstall().unwrap();
+    assert_eq!(
+        catalog(&mut c),
+        before,
+        "uninstall removes exactly what install added"
+    );
+    assert_eq!(
+        others(&mut c, &srv.manifest, "-", "-"),
+        data_before,
+        "no LangGraph row touched"
+    );
+    // Nothing installed: the engine's calls are no-ops.
+    let s = scope("acme", "alice");
+    assert!(!guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
+}
+
+fn uninstall_is_refused_while_a_fence_is_closed(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    let g = guard(&cp);
+    g.install().unwrap();
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    assert!(g.close(&f).unwrap());
+    assert!(g.close(&f).unwrap(), "closing twice is fine");
+    assert_eq!(g.status().unwrap().fenced_subjects, 1);
+    let e = g.uninstall().unwrap_err();
+    assert!(e.to_string().contains("erasure is running"), "{e}");
+    assert!(g.status().unwrap().installed);
+    g.open(&f).unwrap();
+    g.uninstall().unwrap();
+}
+
+/// The whole life of a subject erasure, at the SQL level: fence window, erased lists, tokens.
+fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) {
+    let srv = server(version);
+    let m = &srv.manifest;
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    guard(&cp).install().unwrap();
+    guard(&st).install().unwrap();
+    let bystanders = others(&mut c, m, "acme", "alice");
+    let alice_thread = a_thread(m, "acme", "alice");
+    let bob_thread = a_thread(m, "acme", "bob");
+
+    // Before any erasure: no token needed, nothing changes for the application.
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-0", &"c0", &meta("acme", "alice", None)]
+        ),
+        None
+    );
+
+    // FROZEN: the job (epoch 1) closes the fence.
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    assert!(guard(&cp).close(&f).unwrap());
+    let lt001 = Some("LT001".to_string());
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-1", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        lt001,
+        "even a current token waits for COMPLETE"
+    );
+    let alice_checkpoint: String = c
+        .query_one(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = $1 LIMIT 1",
+            &[&alice_thread],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        write(&mut c, PUT_WRITE, &[&alice_thread, &alice_checkpoint]),
+        lt001,
+        "writes of a fenced subject's thread"
+    );
+    assert_eq!(
+        write(&mut c, PUT_BLOB, &[&alice_thread, &"99"]),
+        lt001,
+        "blobs of a fenced subject's thread"
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"new", &value(Some(1))]
+        ),
+        lt001
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"acme.alice", &"top", &value(None)]),
+        lt001,
+        "the namespace itself"
+    );
+
+    // Inventory, record (journal before act), erase.
+    for t in [&cp, &st] {
+        let inv = t.adapter.inventory(&s).unwrap();
+        assert!(inv.count > 0);
+        assert!(guard(t).record_erased(&f, &inv.locators).unwrap());
+        let n = t.adapter.erase_batch(&s, &inv.locators).unwrap();
+        assert_eq!(n, inv.count);
+        assert_eq!(t.adapter.verify(&s, &inv.locators).unwrap(), 0);
+    }
+    let erased_item = {
+        let r = c
+            .query_one(
+                "SELECT count(*) FROM store WHERE prefix LIKE 'acme.alice%'",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.get::<_, i64>(0), 0);
+        m["subjects"][0]["store_items"][0].clone()
+    };
+    // COMPLETE opens the fence; epoch and erased lists stay.
+    assert!(guard(&cp).open(&f).unwrap());
+    let st_status = guard(&st).status().unwrap();
+    assert_eq!((st_status.fenced_subjects, st_status.erased_owners), (0, 1));
+    assert!(st_status.erased_threads > 0 && st_status.erased_items > 0);
+
+    // Issue 7206: a late put / put_writes to an erased thread is refused, token or not.
+    let lt003 = Some("LT003".to_string());
+    for e in [None, Some(0), Some(1), Some(2)] {
+        assert_eq!(
+            write(
+                &mut c,
+                PUT_CHECKPOINT,
+                &[&alice_thread, &"late", &meta("acme", "alice", e)]
+            ),
+            lt003
+        );
+    }
+    assert_eq!(write(&mut c, PUT_WRITE, &[&alice_thread, &"late"]), lt003);
+    assert_eq!(write(&mut c, PUT_BLOB, &[&alice_thread, &"late"]), lt003);
+    // A new thread for alice: no token or a stale one is refused; a current one is admitted.
+    let lt002 = Some("LT002".to_string());
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-2", &"c1", &meta("acme", "alice", None)]
+        ),
+        lt002
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-2", &"c1", &meta("acme", "alice", Some(0))]
+        ),
+        lt002
+    );
+    assert_eq!(write(&mut c, "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) VALUES ('fresh-2', '', 'c1', '{}', '{\"tenant_id\": \"acme\", \"user_id\": \"alice\", \"lethe_epoch\": \"1\"}')", &[]), lt002, "a malformed token is not no token");
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-2", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        None
+    );
+    assert_eq!(write(&mut c, PUT_WRITE, &[&"fresh-2", &"c1"]), None);
+    // A write naming a checkpoint not (yet) there cannot be attributed: admitted (LangGraph's
+    // async durability may write it before its checkpoint). The known limit in the README.
+    assert_eq!(write(&mut c, PUT_WRITE, &[&"fresh-3", &"not-yet"]), None);
+    // The erased store item: written again only under a lease taken after the erasure.
+    let (ns, key) = (
+        erased_item["prefix"].as_str().unwrap(),
+        erased_item["key"].as_str().unwrap(),
+    );
+    let lt004 = Some("LT004".to_string());
+    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(None)]), lt004);
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(0))]),
+        lt004
+    );
+    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(1))]), None);
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(1))]),
+        None,
+        "the upsert's UPDATE too"
+    );
+    // A new key for alice: stale refused, current admitted; a TTL refresh is not a write.
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"k-new", &value(Some(0))]
+        ),
+        lt002
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"k-new", &value(Some(1))]
+        ),
+        None
+    );
+    assert_eq!(write(&mut c, "UPDATE store SET expires_at = now() + interval '1 day' WHERE prefix = 'acme.alice.memories'", &[]), None);
+
+    // Everyone else: every row byte for byte, and writes without any token still admitted.
+    let after = others(&mut c, m, "acme", "alice");
+    let changed: Vec<_> = after.iter().filter(|r| !bystanders.contains(r)).collect();
+    assert!(
+        changed.is_empty() && after.len() == bystanders.len(),
+        "other subjects changed: {changed:?}"
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&bob_thread, &"c-new", &meta("acme", "bob", None)]
+        ),
+        None
+    );
+    assert_eq!(write(&mut c, PUT_WRITE, &[&bob_thread, &"c-new"]), None);
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.bob.memories", &"k", &value(None)]
+        ),
+        None
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"acme.alice2", &"k", &value(None)]),
+        None,
+        "a prefix neighbour is someone else"
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"globex.alice", &"k", &value(None)]),
+        None,
+        "same subject id, other tenant"
+    );
+
+    // Refusals name no identifier.
+    let e = c
+        .execute(
+            PUT_CHECKPOINT,
+            &[&alice_thread, &"late", &meta("acme", "alice", Some(1))],
+        )
+        .unwrap_err();
+    let msg = e.as_db_error().unwrap().message().to_string();
+    assert!(msg.starts_with("lethe guard:"), "{msg}");
+    for id in ["acme", "alice", alice_thread.as_str()] {
+        assert!(!msg.contains(id), "{msg}");
+    }
+}
+
+fn tenant_and_memory_scopes(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    let st = store(&db.url, "public");
+    guard(&st).install().unwrap();
+    // Memory scope: the item is erased for good (no epoch tells a stale writer from a new one).
+    let item = srv.manifest["subjects"][1]["store_items"][0].clone();
+    let (ns, key) = (
+        item["prefix"].as_str().unwrap(),
+        item["key"].as_str().unwrap(),
+    );
+    let mem = Scope::Memory {
+        tenant: Tenant::new("acme").unwrap(),
+        subject: Subject::new("bob").unwrap(),
+        memory: MemoryId::new(format!(
+            "{}/{key}",
+            ns.split('.').skip(2).collect::<Vec<_>>().join("/")
+        ))
+        .unwrap(),
+        version: None,
+    };
+    let inv = st.adapter.inventory(&mem).unwrap();
+    assert_eq!(inv.locators.len(), 1, "one item");
+    guard(&st)
+        .record_erased(&Fence::of(&mem, Some(0), None), &inv.locators)
+        .unwrap();
+    st.adapter.erase_batch(&mem, &inv.locators).unwrap();
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(99))]),
+        Some("LT004".into())
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&ns, &"another-key", &value(None)]),
+        None,
+        "bob himself is not fenced"
+    );
+    // Tenant scope: every subject of the tenant, and only that tenant.
+    let t = Scope::Tenant {
+        tenant: Tenant::new("a").unwrap(),
+    };
+    let f = Fence::of(&t, None, Some(3));
+    guard(&st).close(&f).unwrap();
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &value(None)]),
+        Some("LT001".into())
+    );
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"ab.u1", &"k", &value(None)]),
+        None,
+        "the tenant's prefix neighbour"
+    );
+    guard(&st).open(&f).unwrap();
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"a.u1", &"k", &value(None)]),
+        Some("LT002".into())
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[
+                &"a.u1",
+                &"k",
+                &serde_json::json!({"lethe_tenant_epoch": 2}).to_string()
+            ]
+        ),
+        Some("LT002".into())
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[
+                &"a.u1",
+                &"k",
+                &serde_json::json!({"lethe_tenant_epoch": 3}).to_string()
+            ]
+        ),
+        None
+    );
+}
+
+/// Identifiers from config reach SQL only through format('%I'): a schema named with a quote,
+/// a space and a dot-free oddity still gets its triggers, and nothing else does.
+fn a_schema_name_that_needs_quoting_is_quoted(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE SCHEMA \"we\"\"ird s\";
+         CREATE TABLE \"we\"\"ird s\".store (LIKE public.store INCLUDING ALL);",
+    )
+    .unwrap();
+    let st = store(&db.url, "we\"ird s");
+    guard(&st).install().unwrap();
+    assert!(guard(&st).status().unwrap().installed);
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    guard(&st).close(&f).unwrap();
+    let odd =
+        "INSERT INTO \"we\"\"ird s\".store (prefix, key, value) VALUES ('acme.alice', 'k', '{}')";
+    assert_eq!(write(&mut c, odd, &[]), Some("LT001".into()));
+    assert_eq!(
+        write(&mut c, PUT_ITEM, &[&"acme.alice", &"k", &value(None)]),
+        None,
+        "public.store has no trigger"
+    );
+    guard(&st).open(&f).unwrap();
+    guard(&st).uninstall().unwrap();
+    let left: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'lethe_guard'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod pg15 { $( #[test] fn $name() { super::$name(15) } )* }
+        mod pg18 { $( #[test] fn $name() { super::$name(18) } )* }
+    };
+}
+
+both!(
+    install_is_idempotent_and_uninstall_leaves_the_database_as_it_was,
+    uninstall_is_refused_while_a_fence_is_closed,
+    refuses_fenced_erased_and_stale_writes_and_admits_current_ones,
+    tenant_and_memory_scopes,
+    a_schema_name_that_needs_quoting_is_quoted,
+);
