@@ -1,0 +1,120 @@
+"""The fence closes between a worker's permit and the sink's acceptance (issue 5's first fault
+test, sink side). The sink is LangGraph's real PostgresStore on a database with Lethe's guard
+installed (`lethe guard install`); the worker holds a `state` permit taken before the erasure,
+then stops (a threading.Event, no sleep) just before `store.put`. The erasure closes the fence;
+the worker goes on and writes with its lease's epoch: the database refuses it (LT001), the
+worker confirms the cancellation, the job completes, and bob's items are unchanged.
+
+Needs PostgreSQL ($LETHE_PG15_URL); its own database, dropped at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import threading
+import time
+import unittest
+
+import psycopg
+from langgraph.store.postgres import PostgresStore
+
+from .server import Server, lethe_bin
+
+PG = os.environ.get("LETHE_PG15_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+class SinkFenceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.db = "pyclient_sink_" + secrets.token_hex(4)
+        with psycopg.connect(PG, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{cls.db}"')
+        cls.url = PG.rsplit("/", 1)[0] + "/" + cls.db
+        with PostgresStore.from_conn_string(cls.url) as store:
+            store.setup()
+        cls.server = Server(
+            f"""
+[[target]]
+name = "memories"
+kind = "langgraph-postgres-store"
+class = "primary"
+url = "{cls.url}"
+namespace = ["{{tenant}}", "{{subject}}"]
+"""
+        )
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.server.stop()
+        with psycopg.connect(PG, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{cls.db}" WITH (FORCE)')
+
+    def guard(self, *args: str) -> dict:
+        out = subprocess.run(
+            [lethe_bin(), "--config", str(self.server.config), "guard", *args, "--target", "memories", "--json"],
+            capture_output=True,
+            check=True,
+        )
+        return json.loads(out.stdout) if out.stdout.strip() else {}
+
+    def fenced_owners(self) -> int:
+        with psycopg.connect(self.url, autocommit=True) as c:
+            return c.execute("SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced").fetchone()[0]
+
+    def test_the_sink_admits_nothing_after_the_fence_closes(self):
+        self.guard("install")
+        with PostgresStore.from_conn_string(self.url) as store:
+            for subj in ("alice", "bob"):
+                for k in ("k1", "k2"):
+                    store.put(("acme", subj, "memories"), k, {"text": f"{subj} {k}"})
+            bob_before = {(tuple(i.namespace), i.key): (i.value, i.updated_at) for i in store.search(("acme", "bob"))}
+
+            rt = self.server.client()
+            op = self.server.client(operator=True, watch=False)
+            at_sink = threading.Event()
+            go = threading.Event()
+            outcome: dict = {}
+
+            def worker() -> None:
+                lease = rt.take_lease("acme", "alice", [])
+                with lease.permit("state") as p:
+                    at_sink.set()
+                    go.wait(30)  # the pause point between the permit and the sink
+                    try:
+                        store.put(("acme", "alice", "memories"), "late", {"text": "written back", "lethe_epoch": lease.epoch})
+                        outcome["sink"] = "admitted"
+                    except psycopg.Error as e:
+                        outcome["sink"] = e.sqlstate
+                        p.abort()  # the work did not happen: confirm the cancellation
+                outcome["permit"] = p.outcome
+
+            t = threading.Thread(target=worker)
+            try:
+                t.start()
+                self.assertTrue(at_sink.wait(10))
+                job = op.start_job("acme", "alice", ticket="T-SINK", drain_timeout_s=60)["job_id"]
+                # Wait (bounded) until the guard's fence is closed in the sink's database.
+                deadline = time.monotonic() + 30
+                while self.fenced_owners() == 0:
+                    self.assertLess(time.monotonic(), deadline, "the guard's fence never closed")
+                    time.sleep(0.01)
+                go.set()
+                t.join(30)
+                self.assertEqual(outcome.get("sink"), "LT001", f"the sink admitted the write: {outcome}")
+                self.assertEqual(outcome.get("permit"), "cancelled")
+                done = self.server.wait_job(op, job)
+                self.assertEqual(done["state"], "COMPLETE", done)
+            finally:
+                go.set()
+                rt.close()
+                op.close()
+            self.assertEqual(list(store.search(("acme", "alice"))), [], "alice's memory is gone, the late write too")
+            bob_after = {(tuple(i.namespace), i.key): (i.value, i.updated_at) for i in store.search(("acme", "bob"))}
+            self.assertEqual(bob_after, bob_before, "bob's items changed")
+        self.assertTrue(self.guard("status")["memories"]["installed"])
+
+
+if __name__ == "__main__":
+    unittest.main()
