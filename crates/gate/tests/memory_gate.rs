@@ -21,16 +21,46 @@ const TTL: Duration = Duration::from_secs(60);
 
 static N: AtomicUsize = AtomicUsize::new(0);
 
-fn journal_url(pg: bool, dir: &std::path::Path) -> String {
-    if !pg {
-        return format!("sqlite:{}", dir.join("j.db").display());
+/// A journal location for one test: a SQLite file, or a PostgreSQL database dropped afterwards.
+struct TestDb {
+    url: String,
+    _dir: tempfile::TempDir,
+    admin: Option<(String, String)>,
+}
+
+impl TestDb {
+    fn new(pg: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        if !pg {
+            let url = format!("sqlite:{}", dir.path().join("j.db").display());
+            return Self {
+                url,
+                _dir: dir,
+                admin: None,
+            };
+        }
+        let admin = std::env::var("LETHE_PG15_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let name = format!("lethe_g_{}_{}", std::process::id(), N.fetch_add(1, SeqCst));
+        postgres_client(&admin)
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap();
+        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        Self {
+            url,
+            _dir: dir,
+            admin: Some((admin, name)),
+        }
     }
-    let admin = std::env::var("LETHE_PG15_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let name = format!("lethe_g_{}_{}", std::process::id(), N.fetch_add(1, SeqCst));
-    let mut c = postgres_client(&admin);
-    c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    format!("{}/{name}", admin.rsplit_once('/').unwrap().0)
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some((admin, name)) = &self.admin {
+            let _ = postgres_client(admin)
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
 }
 
 fn postgres_client(url: &str) -> postgres::Client {
@@ -83,14 +113,14 @@ macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
             $( #[test] fn $name() {
-                let d = tempfile::tempdir().unwrap();
-                super::$name(&super::journal_url(false, d.path()))
+                let db = super::TestDb::new(false);
+                super::$name(&db.url)
             } )*
         }
         mod postgres_backend {
             $( #[test] fn $name() {
-                let d = tempfile::tempdir().unwrap();
-                super::$name(&super::journal_url(true, d.path()))
+                let db = super::TestDb::new(true);
+                super::$name(&db.url)
             } )*
         }
     };

@@ -225,6 +225,19 @@ impl Drop for Env {
         if self.stop.is_some() {
             let _ = self.shutdown();
         }
+        if let Some((base, name)) = self
+            .journal
+            .starts_with("postgres")
+            .then(|| self.journal.rsplit_once('/'))
+            .flatten()
+        {
+            // FORCE: the engine's own connections are still open.
+            if let Ok(mut c) =
+                postgres::Client::connect(&format!("{base}/postgres"), postgres::NoTls)
+            {
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        }
     }
 }
 
