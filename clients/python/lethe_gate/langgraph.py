@@ -37,6 +37,7 @@ from .client import GateClient, Lease
 from .errors import Refused
 
 EPOCH_KEY = "lethe_epoch"
+TENANT_EPOCH_KEY = "lethe_tenant_epoch"
 """The metadata key carrying the lease's epoch (the fencing token the database guard checks)."""
 
 
@@ -200,6 +201,16 @@ class Gate:
             out.append(ToolMessage(content=str(result), tool_call_id=call["id"], name=call["name"]))
         return out
 
+    def put_memory(self, config: RunnableConfig, store: Any, namespace: tuple[str, ...], key: str, value: dict[str, Any], **kwargs: Any) -> None:
+        """Writes a long-term memory under a ``state`` permit, with the lease's fencing tokens
+        in the value (``lethe_epoch``, ``lethe_tenant_epoch``): the carrier Lethe's database
+        guard checks, so a run holding a lease from before an erasure cannot write the memory
+        back even if it skips the gate. ``store`` is any LangGraph ``BaseStore``."""
+        lease = self.lease(config)
+        stamped = {**value, EPOCH_KEY: lease.epoch, TENANT_EPOCH_KEY: lease.tenant_epoch}
+        with lease.permit("state"):
+            store.put(namespace, key, stamped, **kwargs)
+
     def checkpointer(self, inner: BaseCheckpointSaver) -> GatedCheckpointer:
         """``inner`` with every write of a thread that holds a lease under a ``state`` permit."""
         return GatedCheckpointer(inner, self)
@@ -230,6 +241,7 @@ class GatedCheckpointer(BaseCheckpointSaver):
         return {
             **metadata,
             EPOCH_KEY: lease.epoch,
+            TENANT_EPOCH_KEY: lease.tenant_epoch,
             self.gate.tenant_key: lease.tenant,
             self.gate.subject_key: lease.subject,
         }

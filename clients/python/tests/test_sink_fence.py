@@ -115,6 +115,41 @@ namespace = ["{{tenant}}", "{{subject}}"]
             self.assertEqual(bob_after, bob_before, "bob's items changed")
         self.assertTrue(self.guard("status")["memories"]["installed"])
 
+    def test_a_stale_lease_cannot_write_memory_back_after_the_erasure(self):
+        """Gate.put_memory stamps the lease's epoch into the value; after an erasure the
+        database refuses a write carrying the old epoch even from a worker that skips the gate,
+        and a run with a fresh lease writes again."""
+        from lethe_gate.langgraph import Gate
+
+        self.guard("install")
+        rt = self.server.client()
+        op = self.server.client(operator=True, watch=False)
+        gate = Gate(rt)
+        ns = ("acme", "carol", "memories")
+        try:
+            with PostgresStore.from_conn_string(self.url) as store:
+                cfg = gate.run_config("t-carol", "acme", "carol")
+                old = gate.take_lease(cfg, [])
+                gate.put_memory(cfg, store, ns, "m1", {"text": "carol likes tea"})
+                self.assertEqual(store.get(ns, "m1").value["lethe_epoch"], old.epoch)
+                job = op.start_job("acme", "carol", ticket="T-STALE")["job_id"]
+                self.assertEqual(self.server.wait_job(op, job)["state"], "COMPLETE")
+                self.assertIsNone(store.get(ns, "m1"))
+                # A stale worker that skips the gate and writes with its old epoch: refused.
+                with self.assertRaises(psycopg.Error) as e:
+                    store.put(ns, "m1", {"text": "carol likes tea", "lethe_epoch": old.epoch})
+                self.assertIn(e.exception.sqlstate, ("LT002", "LT004"))
+                self.assertIsNone(store.get(ns, "m1"), "the erased memory stays gone")
+                # A run that leased after the erasure writes again.
+                gate.end_run("t-carol")
+                fresh = gate.take_lease(cfg, [])
+                self.assertEqual(fresh.epoch, old.epoch + 1)
+                gate.put_memory(cfg, store, ns, "m1", {"text": "carol, anew"})
+                self.assertEqual(store.get(ns, "m1").value["text"], "carol, anew")
+        finally:
+            rt.close()
+            op.close()
+
 
 if __name__ == "__main__":
     unittest.main()
