@@ -79,7 +79,7 @@ REDIS_TARGET = """
 name = "session-cache"
 kind = "redis"
 class = "cache"
-url = "redis://127.0.0.1:{redis_port}/0"
+url = "redis://127.0.0.1:6379/0"
 pattern = "{tenant}:{subject}:*"
 mode = "scan"
 """
@@ -167,7 +167,6 @@ def main() -> int:
     ap.add_argument("--peer", required=True, help="the peer runbook's folder")
     ap.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/postgres",
                     help="the server (the peer's scaled scenario uses its database lg)")
-    ap.add_argument("--redis-port", type=int, default=6379, help="the Redis the peer seeds (db 0)")
     ap.add_argument("--journal-db", default="lethe_journal_bench",
                     help="Lethe's journal: this PostgreSQL database on the --pg-url server, recreated before each run")
     ap.add_argument("--metadata-index", action="store_true",
@@ -212,13 +211,12 @@ def main() -> int:
     if not os.path.exists(TIME):
         sys.exit(f"{TIME} is missing: apt-get install -y time")
     py = sys.executable
-    os.environ["LG_REDIS_PORT"] = str(a.redis_port)  # the peer's scripts and the helpers read it
     ci = conninfo_to_dict(a.pg_url)
     db_url = a.pg_url.rsplit("/", 1)[0] + "/lg"
     lg = make_conninfo(a.pg_url, dbname="lg")
     helper_env = dict(os.environ, LG_PG_HOST=str(ci.get("host", "127.0.0.1")), LG_PG_PORT=str(ci.get("port", "5432")),
                       LG_PG_USER=str(ci.get("user", "postgres")), PYTHONDONTWRITEBYTECODE="1")
-    r0 = redis.Redis(host="127.0.0.1", port=a.redis_port, db=0)
+    r0 = redis.Redis(host="127.0.0.1", port=6379, db=0)  # the peer's scripts hard-code it
     journal_url = a.pg_url.rsplit("/", 1)[0] + "/" + a.journal_db
     work = a.workdir or tempfile.mkdtemp(prefix="lethe-bench-pg-")
     os.makedirs(work, exist_ok=True)
@@ -332,7 +330,7 @@ def main() -> int:
             cfg = os.path.join(run_dir, "lethe.toml")
             with open(cfg, "w") as f:
                 f.write(CONFIG.format(db_url=db_url, journal_url=journal_url)
-                        + (REDIS_TARGET.replace("{redis_port}", str(a.redis_port)) if with_redis else ""))
+                        + (REDIS_TARGET if with_redis else ""))
             # A fresh journal database whose tables exist, as a deployed journal's do (untimed).
             with psycopg.connect(a.pg_url, autocommit=True) as c:
                 c.execute(f'DROP DATABASE IF EXISTS "{a.journal_db}" WITH (FORCE)')

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 3's PostgreSQL benchmark, one command: builds lethe (release), makes sure the venv (the
-# peer's LangGraph stack), a private PostgreSQL (scripts/pg start-bench) and Redis (port 6392) are there,
+# peer's LangGraph stack), a private PostgreSQL (scripts/pg start-bench) and Redis on 6379 are there,
 # then runs run.py: the peer's seed.py --scenario scaled (PostgreSQL db lg + Redis db 0), then 5
 # rounds of runbook.py / bulk_reference.py / lethe erase on a re-seeded target, each checked by
 # the peer's verify.py; lethe once with the redis target too; lethe on a 100,000-row target.
@@ -10,16 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x /usr/bin/time ] || { echo "missing: /usr/bin/time (apt-get install -y time)" >&2; exit 2; }
-# A private PostgreSQL and Redis by default: the peer's seed.py drops database lg and flushes
-# Redis db 0, and other benchmarks on this machine run it on the shared servers.
-# LETHE_BENCH_PG_URL / LETHE_BENCH_REDIS_PORT point it elsewhere (e.g. the machine's 5432/6379).
+# A private PostgreSQL by default: the peer's seed.py drops database lg, and other benchmarks on
+# this machine run it on the shared server. LETHE_BENCH_PG_URL points it elsewhere (e.g. the
+# machine's 5432). Redis cannot be private: the peer's scripts hard-code 127.0.0.1:6379, db 0.
 PG_URL="${LETHE_BENCH_PG_URL:-$(scripts/pg start-bench)}"
-REDIS_PORT="${LETHE_BENCH_REDIS_PORT:-6392}"
-redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 || LETHE_REDIS_PORT="$REDIS_PORT" scripts/redis start >/dev/null
+redis-cli -p 6379 ping >/dev/null 2>&1 || scripts/redis start >/dev/null
 if [ -z "${LETHE_BIN:-}" ]; then
   cargo build --release --locked --quiet -p lethe-cli
   LETHE_BIN=target/release/lethe
 fi
 PY="$(scripts/pg python)"
 PEER="${LETHE_PEER_DIR:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/../shared/peer/langgraph-runbook}"
-PYTHONDONTWRITEBYTECODE=1 exec "$PY" bench/postgres/run.py --peer "$PEER" --pg-url "$PG_URL" --redis-port "$REDIS_PORT" --lethe "$LETHE_BIN" "$@"
+PYTHONDONTWRITEBYTECODE=1 exec "$PY" bench/postgres/run.py --peer "$PEER" --pg-url "$PG_URL" --lethe "$LETHE_BIN" "$@"
