@@ -12,7 +12,8 @@ threads, 2,000 checkpoints, 1,500 blobs, 3,000 writes, 200 registry rows, 2,000 
   bulk     the peer's bulk_reference.py --scenario scaled (prune + one store.batch), the same way
   lethe    `lethe --config X -v erase --tenant t03 --subject u0342 --basis gdpr-art17 --ticket
            BENCH-1 --drain-timeout 0 --json`: targets langgraph-postgres-checkpointer (registry +
-           metadata) and langgraph-postgres-store, journal `sqlite:journal.db` in a fresh folder;
+           metadata) and langgraph-postgres-store, journal on PostgreSQL (database
+           lethe_journal_bench on the same server, recreated and initialised before each run);
            whole process wall clock and peak RSS (/usr/bin/time -f %M)
 Then, for information: lethe once with a third target, `redis` (db 0, scan mode); and the
 100,000-row variant: the target grown by grow_target.py (server-side copies of its threads),
@@ -53,7 +54,7 @@ TIME = "/usr/bin/time"
 
 CONFIG = """# Written by bench/postgres/run.py
 [control]
-journal = "sqlite:journal.db"
+journal = "{journal_url}"
 key_file = "lethe.key"
 policy_version = "bench-pg-1"
 certificates = "certificates"
@@ -166,6 +167,10 @@ def main() -> int:
     ap.add_argument("--peer", required=True, help="the peer runbook's folder")
     ap.add_argument("--pg-url", default="postgres://postgres@127.0.0.1:5432/postgres",
                     help="the server (the peer's scaled scenario uses its database lg)")
+    ap.add_argument("--journal-db", default="lethe_journal_bench",
+                    help="Lethe's journal: this PostgreSQL database on the --pg-url server, recreated before each run")
+    ap.add_argument("--metadata-index", action="store_true",
+                    help="after seeding, add the index the README recommends on checkpoints.metadata's owner keys")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--no-seed", action="store_true", help="skip the full seed (db lg must hold the scaled scenario)")
     ap.add_argument("--big-threads", type=int, default=3000, help="the 100,000-row variant's thread count")
@@ -211,7 +216,8 @@ def main() -> int:
     lg = make_conninfo(a.pg_url, dbname="lg")
     helper_env = dict(os.environ, LG_PG_HOST=str(ci.get("host", "127.0.0.1")), LG_PG_PORT=str(ci.get("port", "5432")),
                       LG_PG_USER=str(ci.get("user", "postgres")), PYTHONDONTWRITEBYTECODE="1")
-    r0 = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    r0 = redis.Redis(host="127.0.0.1", port=6379, db=0)  # the peer's scripts hard-code it
+    journal_url = a.pg_url.rsplit("/", 1)[0] + "/" + a.journal_db
     work = a.workdir or tempfile.mkdtemp(prefix="lethe-bench-pg-")
     os.makedirs(work, exist_ok=True)
     peer_out = os.path.join(work, "peer-out")
@@ -261,6 +267,16 @@ def main() -> int:
         seed = json.loads(peer_run("seed.py", "--scenario", "scaled").stdout)
         seed["wall_s"] = round(time.perf_counter() - t, 1)
         log(f"seeded in {seed['wall_s']} s: {seed['counts']}")
+    index_sql = ("CREATE INDEX IF NOT EXISTS checkpoints_owner_idx "
+                 "ON checkpoints ((metadata->>'tenant_id'), (metadata->>'user_id'))")
+    with psycopg.connect(lg, autocommit=True) as c:
+        if a.metadata_index:
+            t = time.perf_counter()
+            c.execute(index_sql)
+            c.execute("ANALYZE checkpoints")
+            log(f"metadata index made in {time.perf_counter() - t:.1f} s")
+        else:
+            c.execute("DROP INDEX IF EXISTS checkpoints_owner_idx")
     subprocess.run([lethe, "--help"], capture_output=True)  # warm the binary (not timed)
 
     pristine = None
@@ -313,7 +329,13 @@ def main() -> int:
         else:
             cfg = os.path.join(run_dir, "lethe.toml")
             with open(cfg, "w") as f:
-                f.write(CONFIG.format(db_url=db_url) + (REDIS_TARGET if with_redis else ""))
+                f.write(CONFIG.format(db_url=db_url, journal_url=journal_url)
+                        + (REDIS_TARGET if with_redis else ""))
+            # A fresh journal database whose tables exist, as a deployed journal's do (untimed).
+            with psycopg.connect(a.pg_url, autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{a.journal_db}" WITH (FORCE)')
+                c.execute(f'CREATE DATABASE "{a.journal_db}"')
+            sh([lethe, "--config", cfg, "journal", "verify"], cwd=run_dir)
             started = time.time()
             wall, rss, out, err, rc = timed(
                 [lethe, "--config", cfg, "-v", "erase", "--tenant", TENANT, "--subject", SUBJECT,
@@ -445,7 +467,7 @@ def main() -> int:
                     "redis": r0.info("server").get("redis_version")},
         "load_before": load_before, "load_after": load_after,
         "uptime_before": uptime_before, "uptime_after": uptime_after,
-        "seed": seed, "runs_requested": a.runs,
+        "seed": seed, "runs_requested": a.runs, "journal": journal_url, "metadata_index": a.metadata_index,
         "runbook_s": rb, "bulk_s": bk, "lethe_wall_s": lw, "lethe_peak_rss_mib": lr,
         "lethe_phases_median_s": lph, "ratios": ratios, "verdict": verdict,
         "total_seconds": round(time.perf_counter() - t_start, 1),
@@ -467,7 +489,8 @@ def main() -> int:
     m = result["machine"]
     md = [f"Run {result['date_utc']} (commit {result['git']}); {len(ok('runbook'))}/{len(ok('bulk'))}/{len(ok('lethe'))} of "
           f"{a.runs} runs (runbook/bulk/lethe) checked ok; {m['nproc']} CPUs ({m['cpu']}), {m['mem_mib']} MiB RAM, "
-          f"PostgreSQL {m['postgres']}, Redis {m['redis']}{'; CPUs kept awake by nice-19 spinners (--awake)' if a.awake else ''}.",
+          f"PostgreSQL {m['postgres']}, Redis {m['redis']}{'; CPUs kept awake by nice-19 spinners (--awake)' if a.awake else ''}; "
+          f"journal {journal_url}; metadata index {'ON' if a.metadata_index else 'off'}.",
           f"uptime before: `{uptime_before}`; after: `{uptime_after}`.", "",
           "| seconds, median (min-max) | runbook.py | bulk_reference.py |", "|---|---|---|"]
     for key, name in (("step3", "step 3 (checkpoints)"), ("step4", "step 4 (store)"), ("step8", "step 8 (verification, as measured)"),

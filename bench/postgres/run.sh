@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Issue 3's PostgreSQL benchmark, one command: builds lethe (release), makes sure the venv (the
-# peer's LangGraph stack), PostgreSQL 15 on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 are there,
+# peer's LangGraph stack), a private PostgreSQL (scripts/pg start-bench) and Redis on 6379 are there,
 # then runs run.py: the peer's seed.py --scenario scaled (PostgreSQL db lg + Redis db 0), then 5
 # rounds of runbook.py / bulk_reference.py / lethe erase on a re-seeded target, each checked by
 # the peer's verify.py; lethe once with the redis target too; lethe on a 100,000-row target.
 # Writes bench/out/postgres-*.json and prints Markdown tables. About 10-12 minutes.
 # Arguments go to run.py (--runs N, --no-seed, --big-threads N, --big-items N, --skip redis,big,
-# --workdir DIR --keep). LETHE_BIN=path skips the build and benchmarks that binary instead.
+# --metadata-index, --workdir DIR --keep). LETHE_BIN=path skips the build and benchmarks that binary instead.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x /usr/bin/time ] || { echo "missing: /usr/bin/time (apt-get install -y time)" >&2; exit 2; }
-PG_URL="${LETHE_PG15_URL:-$(scripts/pg start15)}"
+# A private PostgreSQL by default: the peer's seed.py drops database lg, and other benchmarks on
+# this machine run it on the shared server. LETHE_BENCH_PG_URL points it elsewhere (e.g. the
+# machine's 5432). Redis cannot be private: the peer's scripts hard-code 127.0.0.1:6379, db 0.
+PG_URL="${LETHE_BENCH_PG_URL:-$(scripts/pg start-bench)}"
 redis-cli -p 6379 ping >/dev/null 2>&1 || scripts/redis start >/dev/null
 if [ -z "${LETHE_BIN:-}" ]; then
   cargo build --release --locked --quiet -p lethe-cli

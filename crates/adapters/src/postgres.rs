@@ -1,30 +1,28 @@
 //! What the PostgreSQL adapters share: connection settings from config, one cached connection
 //! per target, error classification, identifier quoting and LIKE escaping.
 //!
-//! TLS is not built yet: `sslmode=disable` and `prefer` connect in plain text; `require`,
-//! `verify-ca` and `verify-full` are refused at config time, never silently downgraded.
+//! The URL, `sslmode`/`sslrootcert` (TLS as libpq means it) and `password_file` are read by
+//! `lethe-postgres`, which the journal uses too, so both connect the same way.
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use postgres::{Client, NoTls};
+use lethe_postgres::Settings;
+use postgres::Client;
 
-use crate::registry::resolve;
 use crate::AdapterError;
 
 /// Validated connection settings.
 #[derive(Clone)]
 pub(crate) struct ConnConfig {
-    config: postgres::Config,
-    /// The URL without its password, for messages.
-    shown: String,
+    settings: Settings,
     statement_timeout: Duration,
 }
 
 impl std::fmt::Debug for ConnConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.shown)
+        f.write_str(self.settings.shown())
     }
 }
 
@@ -36,49 +34,16 @@ pub(crate) fn conn_config(
     base: &Path,
     what: &str,
 ) -> Result<ConnConfig, String> {
-    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(format!(
-            "{what}url must start with postgres:// or postgresql://"
-        ));
-    }
-    let mut config: postgres::Config = url
-        .parse()
-        .map_err(|e| format!("{what}url does not parse: {e}"))?;
-    for (k, v) in url
-        .split_once('?')
-        .map(|(_, q)| q)
-        .unwrap_or("")
-        .split('&')
-        .filter_map(|kv| kv.split_once('='))
-    {
-        if k == "sslmode" && !matches!(v, "disable" | "prefer") {
-            return Err(format!(
-                "{what}url asks sslmode={v}; TLS is not built into Lethe yet, so only sslmode=disable or prefer (plain text) can be honoured"
-            ));
-        }
-    }
+    let mut settings = Settings::from_url(url, base).map_err(|e| format!("{what}{e}"))?;
     if let Some(p) = password_file {
-        if config.get_password().is_some() {
-            return Err(format!(
-                "{what}url has a password and password_file is set: keep one"
-            ));
-        }
-        let p = resolve(base, p);
-        let text = std::fs::read_to_string(&p)
-            .map_err(|e| format!("{what}password_file {}: {e}", p.display()))?;
-        config.password(text.lines().next().unwrap_or("").as_bytes());
+        settings
+            .read_password_file(p, base)
+            .map_err(|e| format!("{what}{e}"))?;
     }
-    config.application_name("lethe");
-    config.connect_timeout(Duration::from_secs(10));
-    let shown = match url.split_once('@') {
-        Some((cred, rest)) if cred.contains(':') && cred.matches(':').count() > 1 => {
-            format!(
-                "{}:***@{rest}",
-                cred.rsplit_once(':').map(|(u, _)| u).unwrap_or(cred)
-            )
-        }
-        _ => url.to_string(),
-    };
+    settings
+        .config_mut()
+        .application_name("lethe")
+        .connect_timeout(Duration::from_secs(10));
     let ms = timeout_ms.unwrap_or(30_000);
     if ms == 0 || ms > 3_600_000 {
         return Err(format!(
@@ -86,8 +51,7 @@ pub(crate) fn conn_config(
         ));
     }
     Ok(ConnConfig {
-        config,
-        shown,
+        settings,
         statement_timeout: Duration::from_millis(ms),
     })
 }
@@ -126,7 +90,7 @@ impl Conn {
         let mut guard: MutexGuard<'_, Option<Client>> =
             self.client.lock().unwrap_or_else(|p| p.into_inner());
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
-            let mut client = self.config.config.connect(NoTls).map_err(|e| self.err(e))?;
+            let mut client = self.config.settings.connect().map_err(|e| self.err(e))?;
             client
                 .batch_execute(&format!(
                     "SET statement_timeout = {}",
@@ -159,8 +123,8 @@ impl Conn {
             }
         };
         let why = match e.as_db_error() {
-            Some(db) => format!("{} ({})", db.message(), db.code().code()),
-            None => format!("{} at {:?}", e, self.config),
+            Some(_) => lethe_postgres::describe(&e),
+            None => format!("{} at {:?}", lethe_postgres::describe(&e), self.config),
         };
         if retryable {
             AdapterError::Unavailable {
@@ -216,16 +180,23 @@ mod tests {
     }
 
     #[test]
-    fn refuses_tls_modes_it_cannot_honour_and_hides_passwords() {
+    fn config_errors_name_the_field_and_hide_passwords() {
         let base = Path::new(".");
+        let e = conn_config(
+            "postgres://u@h/db?sslmode=allow",
+            None,
+            None,
+            base,
+            "registry.",
+        )
+        .unwrap_err();
         assert!(
-            conn_config("postgres://u@h/db?sslmode=require", None, None, base, "")
-                .unwrap_err()
-                .contains("TLS")
+            e.starts_with("registry.") && e.contains("sslmode=allow"),
+            "{e}"
         );
         assert!(conn_config("mysql://h/db", None, None, base, "").is_err());
         let c = conn_config(
-            "postgres://u:secret@h:5432/db?sslmode=prefer",
+            "postgres://u:secret@h:5432/db?sslmode=verify-full",
             None,
             None,
             base,

@@ -7,6 +7,12 @@
 //! [postgres://postgres@127.0.0.1:5432/postgres], LETHE_PG18_URL [...:54318/postgres],
 //! LETHE_PG_TEMPLATE [lethe_tpl], LETHE_PG15_MANIFEST / LETHE_PG18_MANIFEST
 //! [target/pg{15,18}-manifest.json].
+//!
+//! TLS and password checks run against the TLS-only server of `scripts/pg start-tls`:
+//! LETHE_PG_TLS_URL [postgres://postgres@127.0.0.1:54319/postgres], LETHE_PG_TLS_CA
+//! [/var/tmp/lethe-pgtls.certs/ca.pem], LETHE_PG_TLS_PASSWORD_FILE
+//! [/var/tmp/lethe-pgtls.certs/lethe_app.password], LETHE_PG_TLS_MANIFEST
+//! [target/pgtls-manifest.json].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,7 +21,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use lethe_adapters::conformance::{self, Case, Row};
 use lethe_adapters::{Adapter, AdapterError, Target};
 use lethe_core::{MemoryId, Scope, Subject, Tenant, Version};
-use postgres::{Client, NoTls};
+use postgres::Client;
+
+/// Opens a test's own connection the way Lethe does (`sslmode` and `sslrootcert` honoured), so
+/// the same helpers reach the plain servers and the TLS-only one.
+fn connect(url: &str) -> Result<Client, postgres::Error> {
+    lethe_postgres::Settings::from_url(url, Path::new("."))
+        .expect("a valid test URL")
+        .connect()
+}
 
 struct Server {
     admin: String,
@@ -26,10 +40,32 @@ fn server(version: u32) -> Server {
     let default_port = if version == 15 { 5432 } else { 54318 };
     let admin = std::env::var(format!("LETHE_PG{version}_URL"))
         .unwrap_or_else(|_| format!("postgres://postgres@127.0.0.1:{default_port}/postgres"));
+    load_server(admin, &version.to_string())
+}
+
+/// The TLS-only server, its admin URL checked with `verify-full` against its CA.
+fn tls_server() -> Server {
+    let admin = std::env::var("LETHE_PG_TLS_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54319/postgres".into());
+    load_server(
+        format!("{admin}?sslmode=verify-full&sslrootcert={}", tls_ca()),
+        "_TLS",
+    )
+}
+
+fn tls_ca() -> String {
+    std::env::var("LETHE_PG_TLS_CA").unwrap_or_else(|_| "/var/tmp/lethe-pgtls.certs/ca.pem".into())
+}
+
+fn load_server(admin: String, version: &str) -> Server {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let file = format!(
+        "pg{}-manifest.json",
+        version.trim_start_matches('_').to_lowercase()
+    );
     let path = std::env::var(format!("LETHE_PG{version}_MANIFEST"))
         .map(Into::into)
-        .unwrap_or_else(|_| root.join(format!("target/pg{version}-manifest.json")));
+        .unwrap_or_else(|_| root.join(format!("target/{file}")));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "{}: {e}; run scripts/test, which seeds PostgreSQL {version} through real LangGraph",
@@ -59,8 +95,7 @@ impl Db {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::SeqCst)
         );
-        let mut admin = Client::connect(&s.admin, NoTls)
-            .expect("PostgreSQL reachable (scripts/test starts it)");
+        let mut admin = connect(&s.admin).expect("PostgreSQL reachable (scripts/test starts it)");
         // Clones serialize on the template; retry while another clone holds it.
         for attempt in 0.. {
             match admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}")) {
@@ -71,8 +106,10 @@ impl Db {
                 Err(e) => panic!("cloning the template: {e}"),
             }
         }
-        let url = match s.admin.rsplit_once('/') {
-            Some((base, _)) => format!("{base}/{name}"),
+        let (head, query) = s.admin.split_once('?').unwrap_or((&s.admin, ""));
+        let url = match head.rsplit_once('/') {
+            Some((base, _)) if query.is_empty() => format!("{base}/{name}"),
+            Some((base, _)) => format!("{base}/{name}?{query}"),
             None => unreachable!("admin URL names a database"),
         };
         Db {
@@ -83,13 +120,13 @@ impl Db {
     }
 
     fn client(&self) -> Client {
-        Client::connect(&self.url, NoTls).unwrap()
+        connect(&self.url).unwrap()
     }
 }
 
 impl Drop for Db {
     fn drop(&mut self) {
-        if let Ok(mut c) = Client::connect(&self.admin, NoTls) {
+        if let Ok(mut c) = connect(&self.admin) {
             let _ = c.batch_execute(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                 self.name
@@ -415,7 +452,7 @@ fn a_writer_during_the_erase_is_stopped_not_chased() {
         let writer = {
             let (url, stop, thread) = (db.url.clone(), stop.clone(), thread.clone());
             std::thread::spawn(move || {
-                let mut c = Client::connect(&url, NoTls).unwrap();
+                let mut c = connect(&url).unwrap();
                 let mut i = 0;
                 while !stop.load(Ordering::SeqCst) && i < 10_000 {
                     c.execute(
@@ -515,4 +552,186 @@ namespace = ["{tenant}", "{subject}"]
         }
         other => panic!("expected Unavailable, got {other:?}"),
     }
+}
+
+// ------------------------------------------------------------------ TLS and passwords
+// Against `scripts/pg start-tls`: a server that refuses plain text (`hostnossl ... reject`),
+// whose certificate names localhost and 127.0.0.1 but not 127.0.0.2 (it listens on both), and
+// whose role `lethe_app` must send its password (scram-sha-256).
+
+fn tls_password_file() -> String {
+    std::env::var("LETHE_PG_TLS_PASSWORD_FILE")
+        .unwrap_or_else(|_| "/var/tmp/lethe-pgtls.certs/lethe_app.password".into())
+}
+
+/// The URL of `db` on the TLS server, without options.
+fn tls_db_url(db: &Db) -> String {
+    db.url
+        .split_once('?')
+        .map_or(&*db.url, |(h, _)| h)
+        .to_string()
+}
+
+/// A store target at `url`, with an optional password file.
+fn store_at(url: &str, password_file: Option<&str>) -> Target {
+    let pw = password_file
+        .map(|p| format!("password_file = \"{p}\"\n"))
+        .unwrap_or_default();
+    target(&format!(
+        r#"
+name = "memories"
+kind = "langgraph-postgres-store"
+class = "primary"
+url = "{url}"
+{pw}namespace = ["{{tenant}}", "{{subject}}"]
+"#
+    ))
+}
+
+#[test]
+fn verify_full_over_tls_as_a_password_checked_role_erases_one_subject_and_keeps_the_others() {
+    let srv = tls_server();
+    let db = Db::new(&srv);
+    db.client()
+        .batch_execute(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO lethe_app",
+        )
+        .unwrap();
+    let url = format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        tls_db_url(&db).replacen("://postgres@", "://lethe_app@", 1),
+        tls_ca()
+    );
+    let pw = tls_password_file();
+    let checkpoints = target(&format!(
+        r#"
+name = "checkpoints"
+kind = "langgraph-postgres-checkpointer"
+class = "primary"
+url = "{url}"
+password_file = "{pw}"
+registry = {{ table = "public.thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
+metadata = {{ tenant = "tenant_id", subject = "user_id" }}
+"#
+    ));
+    let scope = subject_scope("acme", "alice");
+    let me = ("acme".to_string(), "alice".to_string());
+    let in_scope = |o: &(String, String)| *o == me;
+    let case = CheckpointerCase {
+        db: &db,
+        adapter: checkpoints,
+        threads: thread_owners(&srv.manifest),
+    };
+    let out = conformance::run(&case, &scope, &in_scope, 2);
+    assert!(out.inventoried > 0, "alice has checkpoints");
+    let case = StoreCase {
+        db: &db,
+        adapter: store_at(&url, Some(&pw)),
+    };
+    let out = conformance::run(&case, &scope, &in_scope, 2);
+    assert!(out.inventoried > 0, "alice has store items");
+    // The role really is lethe_app, over TLS.
+    let mut c = connect(&db.url).unwrap();
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+              WHERE a.usename = 'lethe_app' AND a.datname = current_database() AND s.ssl",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        n >= 1,
+        "the targets' connections are lethe_app's, encrypted"
+    );
+}
+
+#[test]
+fn sslmode_is_honoured_as_libpq_does_and_never_downgraded() {
+    let srv = tls_server();
+    let db = Db::new(&srv);
+    let base = tls_db_url(&db);
+    let ca = tls_ca();
+    let other = Path::new(&ca).with_file_name("other-ca.pem");
+    let other = other.display();
+    let probe = |url: String| store_at(&url, None).adapter.probe();
+    let refused = |url: String, why: &str| match probe(url.clone()) {
+        Err(e) => {
+            let m = e.to_string();
+            assert!(m.contains("memories"), "names the target: {m}");
+            assert!(m.contains(why), "{url}: expected '{why}' in: {m}");
+        }
+        Ok(()) => panic!("{url} connected"),
+    };
+    // The server refuses plain text, so every success below was encrypted.
+    probe(format!("{base}?sslmode=verify-full&sslrootcert={ca}")).unwrap();
+    probe(format!("{base}?sslmode=verify-ca&sslrootcert={ca}")).unwrap();
+    probe(format!("{base}?sslmode=require")).unwrap();
+    probe(base.clone()).unwrap(); // prefer, the default
+    refused(format!("{base}?sslmode=disable"), "no encryption");
+    // The wrong CA: refused under verify-*, and under require too once a root file is given.
+    for mode in ["verify-full", "verify-ca", "require", "prefer"] {
+        refused(
+            format!("{base}?sslmode={mode}&sslrootcert={other}"),
+            "certificate verify failed",
+        );
+    }
+    // The certificate names 127.0.0.1, not 127.0.0.2: only verify-full checks the name.
+    let other_host = base.replacen("@127.0.0.1:", "@127.0.0.2:", 1);
+    assert_ne!(other_host, base, "the TLS server is at 127.0.0.1");
+    probe(format!("{other_host}?sslmode=verify-ca&sslrootcert={ca}")).unwrap();
+    refused(
+        format!("{other_host}?sslmode=verify-full&sslrootcert={ca}"),
+        "certificate verify failed",
+    );
+    // A server without TLS (PostgreSQL 18 here): require is refused, prefer goes plain.
+    let plain = server(18);
+    let pdb = Db::new(&plain);
+    assert!(!connect(&pdb.url)
+        .unwrap()
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[]
+        )
+        .unwrap()
+        .get::<_, bool>(0));
+    probe(format!("{}?sslmode=prefer", pdb.url)).unwrap();
+    for mode in ["require", "verify-ca", "verify-full"] {
+        refused(
+            format!("{}?sslmode={mode}&sslrootcert={ca}", pdb.url),
+            "TLS",
+        );
+    }
+}
+
+#[test]
+fn a_wrong_password_is_refused_naming_the_target_and_never_the_password() {
+    let srv = tls_server();
+    let db = Db::new(&srv);
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("wrong.password");
+    std::fs::write(&wrong, "not-the-password-7f3a\n").unwrap();
+    let url = format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        tls_db_url(&db).replacen("://postgres@", "://lethe_app@", 1),
+        tls_ca()
+    );
+    match store_at(&url, Some(&wrong.display().to_string()))
+        .adapter
+        .probe()
+    {
+        Err(e @ AdapterError::Failed { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("memories"), "names the target: {m}");
+            assert!(m.contains("password authentication failed"), "{m}");
+            assert!(!m.contains("not-the-password"), "no password: {m}");
+            assert!(!e.is_retryable(), "a wrong password does not fix itself");
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+    // And the right one, read from its file, is accepted.
+    store_at(&url, Some(&tls_password_file()))
+        .adapter
+        .probe()
+        .unwrap();
 }

@@ -202,10 +202,7 @@ fn pg_params(params: &[V]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
 /// The server's message and SQLSTATE only: PostgreSQL's DETAIL can quote key values
 /// (`Key (tenant, subject)=(...)`), which are identifiers and must not reach an error or a log.
 pub(crate) fn pg_err(e: postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
+    lethe_postgres::describe(&e)
 }
 
 impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {

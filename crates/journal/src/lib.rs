@@ -87,7 +87,7 @@ enum Backend {
         /// The gate's hot statements, prepared once on `client` (each saves a round trip).
         prepared: Mutex<HashMap<&'static str, postgres::Statement>>,
         /// Kept to open a claim's own connection.
-        config: Box<postgres::Config>,
+        settings: Box<lethe_postgres::Settings>,
     },
 }
 
@@ -109,19 +109,6 @@ impl std::fmt::Debug for Journal {
 /// The advisory lock every PostgreSQL write transaction takes ("lethe" in ASCII).
 const PG_WRITE_LOCK: i64 = 0x006c_6574_6865;
 
-fn hide_password(url: &str) -> String {
-    match url
-        .split_once("://")
-        .and_then(|(s, rest)| rest.rsplit_once('@').map(|(cred, host)| (s, cred, host)))
-    {
-        Some((scheme, cred, host)) => {
-            let user = cred.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.to_string(),
-    }
-}
-
 impl Journal {
     /// Opens (creating its tables if needed) the control store named by a journal URL:
     /// `sqlite:PATH` (relative to `base`) or `postgres://...`.
@@ -135,7 +122,7 @@ impl Journal {
             });
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Self::open_postgres(url);
+            return Self::open_postgres(url, base);
         }
         Err(JournalError::UnsupportedUrl(url.to_string()))
     }
@@ -171,34 +158,26 @@ impl Journal {
         Ok(j)
     }
 
-    fn open_postgres(url: &str) -> Result<Self> {
-        let shown = hide_password(url);
-        let err = |m: String| JournalError::Db {
+    fn open_postgres(url: &str, base: &Path) -> Result<Self> {
+        let mut settings =
+            lethe_postgres::Settings::from_url(url, base).map_err(|e| JournalError::Db {
+                store: "journal".into(),
+                message: e.to_string(),
+            })?;
+        let shown = settings.shown().to_string();
+        settings
+            .config_mut()
+            .application_name("lethe-journal")
+            .connect_timeout(Duration::from_secs(10));
+        let client = settings.connect().map_err(|e| JournalError::Db {
             store: shown.clone(),
-            message: m,
-        };
-        if url.split_once('?').is_some_and(|(_, q)| {
-            q.split('&').any(|kv| {
-                kv.starts_with("sslmode=") && !matches!(kv, "sslmode=disable" | "sslmode=prefer")
-            })
-        }) {
-            return Err(err(
-                "TLS is not built into Lethe yet: only sslmode=disable or prefer".into(),
-            ));
-        }
-        let mut config: postgres::Config = url
-            .parse()
-            .map_err(|e: postgres::Error| err(db::pg_err(e)))?;
-        config.application_name("lethe-journal");
-        config.connect_timeout(Duration::from_secs(10));
-        let client = config
-            .connect(postgres::NoTls)
-            .map_err(|e| err(db::pg_err(e)))?;
+            message: db::pg_err(e),
+        })?;
         let j = Self {
             backend: Backend::Postgres {
                 client: Mutex::new(client),
                 prepared: Mutex::default(),
-                config: Box::new(config),
+                settings: Box::new(settings),
             },
             shown,
         };
@@ -286,8 +265,8 @@ impl Journal {
     pub(crate) fn pg_connect(&self) -> Result<Option<postgres::Client>> {
         match &self.backend {
             Backend::Sqlite { .. } => Ok(None),
-            Backend::Postgres { config, .. } => config
-                .connect(postgres::NoTls)
+            Backend::Postgres { settings, .. } => settings
+                .connect()
                 .map(Some)
                 .map_err(|e| self.db(db::pg_err(e))),
         }

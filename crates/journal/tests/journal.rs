@@ -1,6 +1,8 @@
 //! The journal's chain, jobs, claims and the gate: one suite, run against both backends
 //! (SQLite, and PostgreSQL at LETHE_PG15_URL, default postgres://postgres@127.0.0.1:5432/postgres,
-//! each test in its own database).
+//! each test in its own database). TLS: the TLS-only server of `scripts/pg start-tls`
+//! (LETHE_PG_TLS_URL [postgres://postgres@127.0.0.1:54319/postgres], LETHE_PG_TLS_CA
+//! [/var/tmp/lethe-pgtls.certs/ca.pem]) and PostgreSQL 18 without TLS (LETHE_PG18_URL).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -38,11 +40,26 @@ impl Store {
     fn postgres() -> Self {
         let admin = std::env::var("LETHE_PG15_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        Self::postgres_at(admin, "")
+    }
+
+    /// A database on the TLS-only server, reached with `verify-full` against its CA.
+    fn postgres_tls() -> Self {
+        let admin = std::env::var("LETHE_PG_TLS_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54319/postgres".into());
+        Self::postgres_at(
+            admin,
+            &format!("?sslmode=verify-full&sslrootcert={}", tls_ca()),
+        )
+    }
+
+    fn postgres_at(admin: String, options: &str) -> Self {
+        let admin = format!("{admin}{options}");
         let name = format!("lethe_j_{}_{}", std::process::id(), N.fetch_add(1, SeqCst));
-        let mut c = postgres::Client::connect(&admin, postgres::NoTls)
-            .expect("PostgreSQL reachable (scripts/test)");
+        let mut c = connect(&admin).expect("PostgreSQL reachable (scripts/test)");
         c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        let head = admin.split_once('?').map_or(&*admin, |(h, _)| h);
+        let url = format!("{}/{name}{options}", head.rsplit_once('/').unwrap().0);
         Store::Postgres { admin, name, url }
     }
 
@@ -64,10 +81,7 @@ impl Store {
                 .unwrap()
                 .execute_batch(sql)
                 .unwrap(),
-            Store::Postgres { url, .. } => postgres::Client::connect(url, postgres::NoTls)
-                .unwrap()
-                .batch_execute(sql)
-                .unwrap(),
+            Store::Postgres { url, .. } => connect(url).unwrap().batch_execute(sql).unwrap(),
         }
     }
 
@@ -77,11 +91,9 @@ impl Store {
                 .unwrap()
                 .query_row(sql, [], |r| r.get(0))
                 .unwrap(),
-            Store::Postgres { url, .. } => postgres::Client::connect(url, postgres::NoTls)
-                .unwrap()
-                .query_one(sql, &[])
-                .unwrap()
-                .get(0),
+            Store::Postgres { url, .. } => {
+                connect(url).unwrap().query_one(sql, &[]).unwrap().get(0)
+            }
         }
     }
 }
@@ -89,11 +101,22 @@ impl Store {
 impl Drop for Store {
     fn drop(&mut self) {
         if let Store::Postgres { admin, name, .. } = self {
-            if let Ok(mut c) = postgres::Client::connect(admin, postgres::NoTls) {
+            if let Ok(mut c) = connect(admin) {
                 let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
             }
         }
     }
+}
+
+/// A test's own connection, made the way the journal makes its own (`sslmode` honoured).
+fn connect(url: &str) -> Result<postgres::Client, postgres::Error> {
+    lethe_postgres::Settings::from_url(url, std::path::Path::new("."))
+        .expect("a valid test URL")
+        .connect()
+}
+
+fn tls_ca() -> String {
+    std::env::var("LETHE_PG_TLS_CA").unwrap_or_else(|_| "/var/tmp/lethe-pgtls.certs/ca.pem".into())
 }
 
 /// Runs each test body against both backends: one shared suite (DESIGN.md, "Where it runs").
@@ -555,7 +578,55 @@ fn two_operators_asking_at_once_get_one_job(st: Store) {
 
 #[test]
 fn postgres_claims_are_exclusive_and_die_with_their_holder() {
-    let st = Store::postgres();
+    claims_are_exclusive_and_die_with_their_holder(Store::postgres());
+}
+
+#[test]
+fn postgres_over_verified_tls_claims_and_journals_as_over_plain_text() {
+    // The TLS server refuses plain text: the journal's connection and each claim's own
+    // connection are encrypted and the server's certificate and name were checked.
+    claims_are_exclusive_and_die_with_their_holder(Store::postgres_tls());
+}
+
+#[test]
+fn postgres_journal_refuses_a_wrong_ca_a_wrong_name_and_a_server_without_tls() {
+    let st = Store::postgres_tls();
+    let Store::Postgres { url, .. } = &st else {
+        unreachable!()
+    };
+    let head = url.split_once('?').unwrap().0;
+    let ca = tls_ca();
+    let other = std::path::Path::new(&ca).with_file_name("other-ca.pem");
+    let refused = |url: String, why: &str| match Journal::open_url(&url, std::path::Path::new("."))
+    {
+        Err(e @ JournalError::Db { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains(why), "{url}: expected '{why}' in: {m}");
+        }
+        other => panic!("{url}: expected a Db error, got {other:?}"),
+    };
+    refused(
+        format!("{head}?sslmode=verify-full&sslrootcert={}", other.display()),
+        "certificate verify failed",
+    );
+    refused(
+        format!(
+            "{}?sslmode=verify-full&sslrootcert={ca}",
+            head.replacen("@127.0.0.1:", "@127.0.0.2:", 1)
+        ),
+        "certificate verify failed",
+    );
+    refused(format!("{head}?sslmode=disable"), "no encryption");
+    let pg18 = std::env::var("LETHE_PG18_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54318/postgres".into());
+    refused(format!("{pg18}?sslmode=require"), "TLS");
+    refused(
+        format!("{head}?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem"),
+        "/nonexistent/ca.pem",
+    );
+}
+
+fn claims_are_exclusive_and_die_with_their_holder(st: Store) {
     let j = st.open();
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     j.freeze(AT, &a, None).unwrap();

@@ -1,0 +1,446 @@
+//! How Lethe connects to PostgreSQL, written once for the journal and the adapters: a
+//! `postgres://` URL with libpq's `sslmode` and `sslrootcert`, TLS over OpenSSL, and a URL
+//! that can be shown without its password.
+//!
+//! What it is not: a pool, a retry loop or an error classifier (the adapters classify errors
+//! for their targets, the journal for its store). Start at [`Settings::from_url`].
+//!
+//! `sslmode` means what it means to libpq, with one deliberate difference (no fallback to
+//! plain text after a failed handshake under `prefer`):
+//!
+//! | sslmode | TLS | certificate checked |
+//! |---|---|---|
+//! | `disable` | never | - |
+//! | `prefer` (the default) | when the server offers it, else plain text | only with `sslrootcert` (chain, as `verify-ca`) |
+//! | `require` | always: a server without TLS is refused | only with `sslrootcert` (chain, as `verify-ca`) |
+//! | `verify-ca` | always | chain against `sslrootcert` |
+//! | `verify-full` | always | chain and host name (or IP address) |
+//!
+//! `sslrootcert=PATH` (PEM, relative to the config file's folder) is the only set of trusted
+//! roots when given; `sslrootcert=system`, or no `sslrootcert` under `verify-ca`/`verify-full`,
+//! trusts the system's roots (OpenSSL's default paths). Under `require`, `verify-ca` and
+//! `verify-full` a server that does not speak TLS is refused: nothing is ever downgraded.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
+use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::X509;
+use postgres::config::SslMode as DriverSslMode;
+use postgres::{Client, NoTls};
+use postgres_openssl::MakeTlsConnector;
+
+/// What is wrong with a connection URL or its TLS settings. Messages never hold a password.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// Not a `postgres://` or `postgresql://` URL.
+    #[error("url must start with postgres:// or postgresql://")]
+    NotPostgres,
+    /// The driver refused the URL (an unknown option, a bad port...).
+    #[error("url does not parse: {0}")]
+    Parse(String),
+    /// `sslmode` has a value libpq does not know, or one Lethe cannot honour.
+    #[error("url asks sslmode={0}, which is not one of disable, prefer, require, verify-ca, verify-full")]
+    SslMode(String),
+    /// A TLS option Lethe does not implement (client certificates, revocation lists...).
+    #[error(
+        "url option {0} is not supported (of the TLS options, Lethe reads sslmode and sslrootcert)"
+    )]
+    Unsupported(String),
+    /// The root certificate file cannot be read or holds no PEM certificate.
+    #[error("url's sslrootcert {path}: {why}")]
+    RootCert {
+        /// The file, resolved.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+    /// The password file cannot be read.
+    #[error("password_file {path}: {why}")]
+    PasswordFile {
+        /// The file, resolved.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+    /// A password in the URL and a password file: which one wins would be a guess.
+    #[error("url has a password and password_file is set: keep one")]
+    TwoPasswords,
+    /// OpenSSL could not build a TLS context.
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+}
+
+/// libpq's `sslmode`, all five values that make sense without `allow`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plain text only.
+    Disable,
+    /// TLS when the server offers it, plain text when it does not.
+    Prefer,
+    /// TLS or nothing; the certificate is checked only when `sslrootcert` is given.
+    Require,
+    /// TLS, with the server's chain checked against the trusted roots.
+    VerifyCa,
+    /// As `VerifyCa`, and the certificate must name the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(s: &str) -> Result<Self, SettingsError> {
+        Ok(match s {
+            "disable" => Self::Disable,
+            "prefer" => Self::Prefer,
+            "require" => Self::Require,
+            "verify-ca" => Self::VerifyCa,
+            "verify-full" => Self::VerifyFull,
+            other => return Err(SettingsError::SslMode(other.to_string())),
+        })
+    }
+}
+
+/// Validated connection settings: everything needed to open a connection, any number of
+/// times. Its `Debug` shows the URL without a password.
+#[derive(Clone)]
+pub struct Settings {
+    config: postgres::Config,
+    mode: SslMode,
+    /// `None` under `disable`.
+    tls: Option<MakeTlsConnector>,
+    shown: String,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl Settings {
+    /// Parses a `postgres://` URL. `sslmode` and `sslrootcert` are taken out of its query and
+    /// applied here (the driver knows neither `verify-*` nor `sslrootcert`); the rest goes to
+    /// the driver. A relative `sslrootcert` is resolved against `base`. The root certificates
+    /// are read now, so a missing file is a configuration error, not a connection error.
+    pub fn from_url(url: &str, base: &Path) -> Result<Self, SettingsError> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(SettingsError::NotPostgres);
+        }
+        let (head, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut mode = SslMode::Prefer;
+        let mut root: Option<String> = None;
+        let mut rest = Vec::new();
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            match k {
+                "sslmode" => mode = SslMode::parse(&percent_decode(v))?,
+                "sslrootcert" => root = Some(percent_decode(v)),
+                // Left to the driver: it knows these.
+                "sslnegotiation" => rest.push(kv),
+                k if k.starts_with("ssl") || k == "requiressl" => {
+                    return Err(SettingsError::Unsupported(k.to_string()))
+                }
+                _ => rest.push(kv),
+            }
+        }
+        let driver_url = if rest.is_empty() {
+            head.to_string()
+        } else {
+            format!("{head}?{}", rest.join("&"))
+        };
+        let mut config: postgres::Config = driver_url
+            .parse()
+            .map_err(|e: postgres::Error| SettingsError::Parse(e.to_string()))?;
+        config.ssl_mode(match mode {
+            SslMode::Disable => DriverSslMode::Disable,
+            SslMode::Prefer => DriverSslMode::Prefer,
+            // The driver refuses a server that answers "no TLS" to Require: never a downgrade.
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => DriverSslMode::Require,
+        });
+        let tls = match mode {
+            SslMode::Disable => None,
+            _ => Some(connector(mode, root.as_deref(), base)?),
+        };
+        Ok(Self {
+            config,
+            mode,
+            tls,
+            shown: hide_password(url),
+        })
+    }
+
+    /// Sets the password from the first line of a file (relative to `base`), for a URL that
+    /// has none.
+    pub fn read_password_file(&mut self, file: &Path, base: &Path) -> Result<(), SettingsError> {
+        if self.config.get_password().is_some() {
+            return Err(SettingsError::TwoPasswords);
+        }
+        let path = if file.is_absolute() {
+            file.to_path_buf()
+        } else {
+            base.join(file)
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| SettingsError::PasswordFile {
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+        self.config
+            .password(text.lines().next().unwrap_or("").as_bytes());
+        Ok(())
+    }
+
+    /// The driver's settings, for the caller's own options (application name, timeouts).
+    pub fn config_mut(&mut self) -> &mut postgres::Config {
+        &mut self.config
+    }
+
+    /// The `sslmode` in force.
+    pub fn ssl_mode(&self) -> SslMode {
+        self.mode
+    }
+
+    /// The URL without its password, for messages.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// Opens a connection with these settings.
+    pub fn connect(&self) -> Result<Client, postgres::Error> {
+        match &self.tls {
+            None => self.config.connect(NoTls),
+            Some(tls) => self.config.connect(tls.clone()),
+        }
+    }
+}
+
+/// A driver error as one line: the server's message and SQLSTATE, or the client-side error
+/// with its causes (the driver's own text for a TLS failure is only "error performing TLS
+/// handshake"; the cause says which certificate check failed). Never holds a password.
+pub fn describe(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    let mut out = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
+/// The OpenSSL connector for a mode: which roots are trusted, and whether the chain and the
+/// host name are checked. Those are set per connection (in the callback) on one client context
+/// shared by the whole process: building a context loads the system's root bundle, which takes
+/// OpenSSL 3 about 18 ms here, and a job opens three or four connection settings.
+fn connector(
+    mode: SslMode,
+    root: Option<&str>,
+    base: &Path,
+) -> Result<MakeTlsConnector, SettingsError> {
+    let tls = |e: openssl::error::ErrorStack| SettingsError::Tls(e.to_string());
+    let own_roots: Option<Arc<Vec<X509>>> = match root {
+        None | Some("system") => None,
+        Some(file) => {
+            let path = if Path::new(file).is_absolute() {
+                PathBuf::from(file)
+            } else {
+                base.join(file)
+            };
+            let bad = |why: String| SettingsError::RootCert {
+                path: path.clone(),
+                why,
+            };
+            let pem = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
+            let certs = X509::stack_from_pem(&pem).map_err(|e| bad(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(bad("no PEM certificate in it".into()));
+            }
+            Some(Arc::new(certs))
+        }
+    };
+    let (check_chain, check_host) = match mode {
+        SslMode::Disable => (false, false),
+        // libpq: with a root certificate at hand, prefer and require check the chain.
+        SslMode::Prefer | SslMode::Require => (own_roots.is_some(), false),
+        SslMode::VerifyCa => (true, false),
+        SslMode::VerifyFull => (true, true),
+    };
+    let mut make = MakeTlsConnector::new(shared_context().map_err(tls)?);
+    make.set_callback(move |c, _host| {
+        if check_chain {
+            c.set_verify(SslVerifyMode::PEER);
+            if let Some(roots) = &own_roots {
+                // These roots and no others, as libpq: a file names whom to trust.
+                let mut store = X509StoreBuilder::new()?;
+                for r in roots.iter() {
+                    store.add_cert(r.clone())?;
+                }
+                c.set_verify_cert_store(store.build())?;
+            }
+        } else {
+            c.set_verify(SslVerifyMode::NONE);
+        }
+        // On by default: the connector checks the host name (or IP address) it connects to.
+        c.set_verify_hostname(check_host);
+        Ok(())
+    });
+    Ok(make)
+}
+
+/// The process's one TLS client context (system roots, peer verification on by default; each
+/// connection's callback narrows or relaxes it). A cache of an immutable value, not state.
+fn shared_context() -> Result<SslConnector, openssl::error::ErrorStack> {
+    static CONTEXT: OnceLock<SslConnector> = OnceLock::new();
+    if let Some(c) = CONTEXT.get() {
+        return Ok(c.clone());
+    }
+    let built = SslConnector::builder(SslMethod::tls_client())?.build();
+    Ok(CONTEXT.get_or_init(|| built).clone())
+}
+
+/// `%XX` escapes decoded (a path with a space is written `%20` in a URL); anything else kept.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The URL with the password taken out of its user part and of its query.
+fn hide_password(url: &str) -> String {
+    let (head, query) = url.split_once('?').unwrap_or((url, ""));
+    let head = match head
+        .split_once("://")
+        .and_then(|(s, rest)| rest.rsplit_once('@').map(|(cred, host)| (s, cred, host)))
+    {
+        Some((scheme, cred, host)) => {
+            let user = cred.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}")
+        }
+        None => head.to_string(),
+    };
+    let query: Vec<&str> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty() && !kv.starts_with("password="))
+        .collect();
+    if query.is_empty() {
+        head
+    } else {
+        format!("{head}?{}", query.join("&"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> Result<Settings, SettingsError> {
+        Settings::from_url(url, Path::new("."))
+    }
+
+    #[test]
+    fn sslmode_defaults_to_prefer_and_maps_to_the_driver() {
+        let s = parse("postgres://u@h/db").unwrap();
+        assert_eq!(s.ssl_mode(), SslMode::Prefer);
+        assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Prefer);
+        let s = parse("postgres://u@h/db?sslmode=disable").unwrap();
+        assert!(s.tls.is_none());
+        assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Disable);
+        for m in ["require", "verify-ca", "verify-full"] {
+            let s = parse(&format!("postgres://u@h/db?sslmode={m}")).unwrap();
+            // Never Prefer: a server without TLS must be refused, not used in plain text.
+            assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Require, "{m}");
+            assert!(s.tls.is_some());
+        }
+    }
+
+    #[test]
+    fn refuses_unknown_modes_client_certs_and_missing_roots() {
+        assert!(matches!(
+            parse("postgres://u@h/db?sslmode=allow"),
+            Err(SettingsError::SslMode(_))
+        ));
+        assert!(matches!(
+            parse("postgres://u@h/db?sslcert=c.pem"),
+            Err(SettingsError::Unsupported(_))
+        ));
+        let e = parse("postgres://u@h/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem")
+            .unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("empty.pem"), "not a certificate\n").unwrap();
+        assert!(matches!(
+            Settings::from_url("postgres://u@h/db?sslrootcert=empty.pem", dir.path()),
+            Err(SettingsError::RootCert { .. })
+        ));
+        assert!(matches!(
+            parse("mysql://h/db"),
+            Err(SettingsError::NotPostgres)
+        ));
+    }
+
+    #[test]
+    fn other_options_still_reach_the_driver() {
+        let s = parse("postgres://u@h:1/db?sslmode=require&connect_timeout=7").unwrap();
+        assert_eq!(
+            s.config.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(7))
+        );
+        assert!(matches!(
+            parse("postgres://u@h/db?sslmode=require&bogus=1"),
+            Err(SettingsError::Parse(_))
+        ));
+    }
+
+    #[test]
+    fn passwords_are_never_shown() {
+        let s = parse("postgres://u:secret@h:5432/db?sslmode=prefer&password=other").unwrap();
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("other"),
+            "{shown}"
+        );
+        assert!(
+            shown.starts_with("postgres://u@h:5432/db?sslmode=prefer"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn password_file_is_read_and_conflicts_with_a_url_password() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pw"), "s3cret\nignored\n").unwrap();
+        let mut s = parse("postgres://u@h/db").unwrap();
+        s.read_password_file(Path::new("pw"), dir.path()).unwrap();
+        assert_eq!(s.config.get_password(), Some(&b"s3cret"[..]));
+        let mut s = parse("postgres://u:x@h/db").unwrap();
+        assert!(matches!(
+            s.read_password_file(Path::new("pw"), dir.path()),
+            Err(SettingsError::TwoPasswords)
+        ));
+    }
+
+    #[test]
+    fn percent_escapes_are_decoded() {
+        assert_eq!(percent_decode("/a%20b/c.pem"), "/a b/c.pem");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+}
