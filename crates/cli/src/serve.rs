@@ -47,6 +47,12 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         .map(|_| open())
         .collect::<Result<Vec<_>, _>>()?;
     let watcher_journal = open()?;
+    let postgres =
+        if cfg.journal.starts_with("postgres://") || cfg.journal.starts_with("postgresql://") {
+            Some(lethe_postgres::Settings::from_url(&cfg.journal, &cfg.base).map_err(bad)?)
+        } else {
+            None
+        };
     let listen = listen.unwrap_or_else(|| cfg.serve.listen.clone());
     let engine = Arc::new(Engine::open(cfg, Arc::new(SystemClock))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -67,6 +73,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             tokens,
             clock: Arc::new(SystemClock),
             hooks: lethe_server::Hooks::default(),
+            postgres,
         };
         lethe_server::run(listener, server, shutdown_signal())
             .await

@@ -46,6 +46,36 @@ pub enum GateError {
     NoSuchPermit,
 }
 
+impl GateError {
+    /// The refusal a gate function's negative result stands for on PostgreSQL (schema.rs):
+    /// `None` for a non-negative result, which is an id.
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            -1 => Some(GateError::NoSuchLease),
+            -2 => Some(GateError::Revoked),
+            -3 => Some(GateError::Expired),
+            -4 => Some(GateError::StaleEpoch),
+            -5 => Some(GateError::Fenced),
+            -6 => Some(GateError::Tombstoned),
+            c if c < 0 => Some(GateError::NoSuchLease),
+            _ => None,
+        }
+    }
+}
+
+/// The gate's statements on PostgreSQL: one call each of the functions in schema.rs. Public
+/// for `lethe serve`, which runs them on its own asynchronous connections.
+pub mod pg {
+    /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT) -> permit id or refusal code`.
+    pub const TAKE_PERMIT: &str = "SELECT lethe_take_permit($1, $2, $3)";
+    /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled') -> 1, or 0 if not active`.
+    pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2)";
+    /// `(tenant, subject, expires_ms BIGINT, reads JSON [[memory, version], ...])` ->
+    /// `(lease_id, epoch, tenant_epoch)`, lease_id -5 when fenced.
+    pub const TAKE_LEASE: &str =
+        "SELECT lease_id, epoch, tenant_epoch FROM lethe_take_lease($1, $2, $3, $4)";
+}
+
 /// Where a permit is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sink {
@@ -58,7 +88,8 @@ pub enum Sink {
 }
 
 impl Sink {
-    fn as_str(self) -> &'static str {
+    /// The name stored and sent on the wire.
+    pub fn as_str(self) -> &'static str {
         match self {
             Sink::Output => "output",
             Sink::Tool => "tool",
@@ -166,10 +197,7 @@ impl Journal {
             .map(|(m, v)| [m.as_str(), v.as_str()])
             .collect();
         let reads_json = serde_json::to_string(&pairs).map_err(|e| self.db(e.to_string()))?;
-        if let Some(rows) = self.pg_query(
-            "SELECT lease_id, epoch, tenant_epoch FROM lethe_take_lease($1, $2, $3, $4)",
-            &[&t, &s, &expires, &reads_json],
-        )? {
+        if let Some(rows) = self.pg_query(pg::TAKE_LEASE, &[&t, &s, &expires, &reads_json])? {
             let r = rows
                 .first()
                 .ok_or_else(|| self.db("lethe_take_lease returned no row".into()))?;
@@ -211,19 +239,13 @@ impl Journal {
     /// Takes a permit at an acceptance point: one atomic check-and-register. Hold it until the
     /// boundary ends, then [`Journal::release_permit`].
     pub fn take_permit(&self, now: OffsetDateTime, lease: i64, sink: Sink) -> Result<Permit> {
-        if let Some(rows) = self.pg_query(
-            "SELECT lethe_take_permit($1, $2, $3)",
-            &[&lease, &sink.as_str(), &millis(now)],
-        )? {
+        if let Some(rows) =
+            self.pg_query(pg::TAKE_PERMIT, &[&lease, &sink.as_str(), &millis(now)])?
+        {
             let id: i64 = rows.first().map(|r| r.get(0)).unwrap_or(-1);
-            return match id {
-                -1 => Err(GateError::NoSuchLease.into()),
-                -2 => Err(GateError::Revoked.into()),
-                -3 => Err(GateError::Expired.into()),
-                -4 => Err(GateError::StaleEpoch.into()),
-                -5 => Err(GateError::Fenced.into()),
-                -6 => Err(GateError::Tombstoned.into()),
-                id => Ok(Permit { id }),
+            return match GateError::from_code(id) {
+                Some(e) => Err(e.into()),
+                None => Ok(Permit { id }),
             };
         }
         self.write(|tx| {
@@ -274,7 +296,7 @@ impl Journal {
         // its drain set either way; only an `active` permit counts as undrained. Committed
         // without waiting for the WAL flush (see schema.rs): losing it can only keep a job
         // BLOCKED.
-        if let Some(rows) = self.pg_query("SELECT lethe_end_permit($1, $2)", &[&permit, &state])? {
+        if let Some(rows) = self.pg_query(pg::END_PERMIT, &[&permit, &state])? {
             let n: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
             return if n == 0 {
                 Err(GateError::NoSuchPermit.into())

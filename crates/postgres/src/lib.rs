@@ -105,6 +105,8 @@ impl SslMode {
 #[derive(Clone)]
 pub struct Settings {
     config: postgres::Config,
+    /// The URL the driver parses (without `sslmode`/`sslrootcert`), for async connections.
+    driver_url: String,
     mode: SslMode,
     /// `None` under `disable`.
     tls: Option<MakeTlsConnector>,
@@ -163,6 +165,7 @@ impl Settings {
         };
         Ok(Self {
             config,
+            driver_url,
             mode,
             tls,
             shown: hide_password(url),
@@ -209,6 +212,37 @@ impl Settings {
         match &self.tls {
             None => self.config.connect(NoTls),
             Some(tls) => self.config.connect(tls.clone()),
+        }
+    }
+}
+
+/// A connection's driving future, to be spawned on the caller's runtime.
+pub type Connection =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+impl Settings {
+    /// Opens an asynchronous connection with these settings (same TLS, password and modes),
+    /// for callers on a tokio runtime; spawn the returned [`Connection`] there.
+    pub async fn connect_async(
+        &self,
+        application_name: &str,
+    ) -> Result<(tokio_postgres::Client, Connection), tokio_postgres::Error> {
+        let mut c: tokio_postgres::Config = self.driver_url.parse()?;
+        c.ssl_mode(self.config.get_ssl_mode());
+        if let Some(pw) = self.config.get_password() {
+            c.password(pw);
+        }
+        c.application_name(application_name);
+        c.connect_timeout(std::time::Duration::from_secs(10));
+        match &self.tls {
+            None => {
+                let (client, conn) = c.connect(tokio_postgres::NoTls).await?;
+                Ok((client, Box::pin(conn)))
+            }
+            Some(tls) => {
+                let (client, conn) = c.connect(tls.clone()).await?;
+                Ok((client, Box::pin(conn)))
+            }
         }
     }
 }

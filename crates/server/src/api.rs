@@ -33,6 +33,7 @@ pub(crate) struct State {
     pub(crate) tokens: Arc<Vec<(String, Role)>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) hooks: crate::Hooks,
+    pub(crate) pg: Option<Arc<crate::pg::PgGate>>,
     pub(crate) watchers: Arc<Watchers>,
     pub(crate) stop: watch::Receiver<bool>,
 }
@@ -173,11 +174,24 @@ async fn take_lease(
         ));
     }
     let now = state.clock.now();
-    let lease = gate(&state, move |j| {
-        j.take_lease(now, &tenant, &subject, &reads, Duration::from_millis(ttl))
-    })
-    .await?;
     let expires_ms = (now.unix_timestamp_nanos() / 1_000_000) as i64 + ttl as i64;
+    let lease = match &state.pg {
+        Some(pg) => {
+            let pairs: Vec<[&str; 2]> = reads
+                .iter()
+                .map(|(m, v)| [m.as_str(), v.as_str()])
+                .collect();
+            let json = serde_json::to_string(&pairs).map_err(|_| ApiError::unavailable())?;
+            pg.take_lease(tenant.as_str(), subject.as_str(), expires_ms, &json)
+                .await?
+        }
+        None => {
+            gate(&state, move |j| {
+                j.take_lease(now, &tenant, &subject, &reads, Duration::from_millis(ttl))
+            })
+            .await?
+        }
+    };
     Ok((
         StatusCode::CREATED,
         Json(
@@ -219,13 +233,31 @@ async fn take_permit(
     };
     let clock = Arc::clone(&state.clock);
     let hook = state.hooks.before_permit.clone();
-    let permit = gate(&state, move |j| {
-        if let Some(h) = hook {
-            h();
+    let permit = match &state.pg {
+        Some(pg) => {
+            if let Some(h) = hook {
+                tokio::task::spawn_blocking(move || h())
+                    .await
+                    .map_err(|_| ApiError::unavailable())?;
+            }
+            let now = clock.now();
+            pg.take_permit(
+                (now.unix_timestamp_nanos() / 1_000_000) as i64,
+                b.lease_id,
+                sink,
+            )
+            .await?
         }
-        j.take_permit(clock.now(), b.lease_id, sink)
-    })
-    .await?;
+        None => {
+            gate(&state, move |j| {
+                if let Some(h) = hook {
+                    h();
+                }
+                j.take_permit(clock.now(), b.lease_id, sink)
+            })
+            .await?
+        }
+    };
     Ok((StatusCode::CREATED, Json(json!({"permit_id": permit.id}))))
 }
 
@@ -236,7 +268,10 @@ async fn release_permit(
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
     let permit_id = path(permit_id)?;
-    gate(&state, move |j| j.release_permit(permit_id)).await?;
+    match &state.pg {
+        Some(pg) => pg.end_permit(permit_id, "released").await?,
+        None => gate(&state, move |j| j.release_permit(permit_id)).await?,
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -247,7 +282,10 @@ async fn confirm_cancelled(
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
     let permit_id = path(permit_id)?;
-    gate(&state, move |j| j.confirm_cancelled(permit_id)).await?;
+    match &state.pg {
+        Some(pg) => pg.end_permit(permit_id, "cancelled").await?,
+        None => gate(&state, move |j| j.confirm_cancelled(permit_id)).await?,
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

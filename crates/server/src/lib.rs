@@ -15,6 +15,7 @@
 
 mod api;
 mod error;
+mod pg;
 mod pool;
 mod revocations;
 
@@ -46,6 +47,10 @@ pub struct Server {
     pub clock: Arc<dyn Clock>,
     /// Fault injection for tests; [`Hooks::default`] in production.
     pub hooks: Hooks,
+    /// When the control store is PostgreSQL: its settings, so leases, permits and releases run
+    /// on the server's own asynchronous connections (as many as `journals`) instead of a
+    /// blocking thread each. `None` (SQLite) keeps every call on `journals`.
+    pub postgres: Option<lethe_postgres::Settings>,
 }
 
 /// Points where a test can stop a request to force an ordering (never a sleep). Each hook runs
@@ -84,7 +89,11 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
+    let pg = server
+        .postgres
+        .map(|s| Arc::new(pg::PgGate::new(s, server.journals.len())));
     let state = api::State {
+        pg,
         engine: server.engine,
         pool: Arc::new(pool::Pool::new(server.journals)),
         tokens: Arc::new(server.tokens),

@@ -123,6 +123,10 @@ impl Env {
             ],
             clock: Arc::clone(&self.clock),
             hooks,
+            // PostgreSQL: the asynchronous gate path, as `lethe serve` runs it.
+            postgres: self.journal.starts_with("postgres").then(|| {
+                lethe_postgres::Settings::from_url(&self.journal, self.dir.path()).unwrap()
+            }),
         };
         let (addr_tx, addr_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
