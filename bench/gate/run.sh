@@ -9,6 +9,8 @@
 #            costs the database at the least; there is no peer: the runbook has no gate)
 # - freeze : fence-close latency on PostgreSQL (each freeze revokes a lease, records a permit)
 #            target p50 < 5 ms
+# - revocation : from a freeze's commit to the `revoked` event on an open SSE stream of the
+#            server                                                       target < 100 ms
 # Writes bench/out/gate-*.jsonl (one JSON object per measurement) and prints medians.
 # Env: ROUNDS, SECS (per measurement, default 5), LETHE_PG15_URL (admin URL).
 set -euo pipefail
@@ -65,6 +67,7 @@ for r in $(seq "$ROUNDS"); do
   run http-postgres http "$ADDR" "$TOKEN" 8 "$SECS"
   run floor-postgres floor "$PG" 8 "$SECS"
   run freeze-postgres freeze "$PG" 300
+  run revocation-push revocation "$ADDR" "$TOKEN" "$PG" 100
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 python3 - "$OUT" <<'PY'

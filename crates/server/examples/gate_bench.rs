@@ -9,6 +9,8 @@
 //! gate_bench floor PG_URL CLIENTS SECONDS             INSERT + UPDATE of one row per cycle:
 //!                                                     what PostgreSQL itself costs
 //! gate_bench freeze PG_URL N                          fence-close latency, N freezes
+//! gate_bench revocation ADDR TOKEN JOURNAL_URL N      revocation push latency: from a freeze's
+//!                                                     commit to the event on an open stream
 //! ```
 //!
 //! Prints one JSON object: cycles, seconds, cycles_per_s, p50_us, p99_us, max_us (per cycle).
@@ -248,6 +250,42 @@ fn main() {
                 j.release_permit(permit.id).unwrap();
             }
             report("freeze", lat, t0.elapsed(), json!({}));
+        }
+        "revocation" => {
+            let (addr, token, url) = (arg(1), arg(2), arg(3));
+            let n: usize = arg(4).parse().unwrap();
+            let j = Journal::open_url(&url, std::path::Path::new(".")).unwrap();
+            let c = lethe_client::Client::new(addr, token);
+            let run = std::process::id();
+            let mut lat = Vec::new();
+            let t0 = Instant::now();
+            for i in 0..n {
+                let subject = format!("revoke-{run}-{i}");
+                let lease = c.take_lease("bench", &subject, &[], 3_600_000).unwrap();
+                let mut stream = c.revocations(&[lease.lease_id]).unwrap();
+                let scope = Scope::Subject {
+                    tenant: tenant.clone(),
+                    subject: Subject::new(subject).unwrap(),
+                };
+                let (job, _) = j
+                    .create_job(&NewJob {
+                        job_id: format!("del-rv-{run}-{i}"),
+                        scope_hash: format!("hmac:rv-{run}-{i}"),
+                        scope,
+                        basis: Basis::GdprArt17,
+                        ticket: "BENCH".into(),
+                        policy_version: "bench".into(),
+                        deadline: now.date(),
+                        extension_reason: None,
+                        requested_at: "2026-12-02T00:00:00Z".into(),
+                    })
+                    .unwrap();
+                j.freeze("2026-12-02T00:00:00Z", &job.job_id, None).unwrap();
+                let committed = Instant::now();
+                assert_eq!(stream.next_revoked().unwrap(), Some(lease.lease_id));
+                lat.push(committed.elapsed().as_nanos() as u64);
+            }
+            report("revocation", lat, t0.elapsed(), json!({}));
         }
         other => panic!("unknown mode {other}; see the doc comment"),
     }
