@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::registry::{parse_table, resolve};
 
-use super::adapter::{Mode, Redis};
+use super::adapter::{Mode, Pacing, Redis, Verify};
 use super::layout::Template;
 use super::resp::{Addr, Auth};
 
@@ -23,6 +23,9 @@ struct Raw {
     index: Option<String>,
     memory: Option<String>,
     scan_count: Option<u32>,
+    scan_pause_ms: Option<u64>,
+    pipeline: Option<usize>,
+    verify: Option<String>,
     timeout_ms: Option<u64>,
 }
 
@@ -34,7 +37,8 @@ pub struct Config {
     pattern: Template,
     mode: Mode,
     memory: Option<Template>,
-    scan_count: u32,
+    verify: Verify,
+    pacing: Pacing,
     timeout: Duration,
 }
 
@@ -159,6 +163,27 @@ impl Config {
         if scan_count == 0 || scan_count > 100_000 {
             return Err("scan_count must be between 1 and 100000".into());
         }
+        let scan_pause_ms = raw.scan_pause_ms.unwrap_or(0);
+        if scan_pause_ms > 1000 {
+            return Err("scan_pause_ms must be between 0 and 1000".into());
+        }
+        let pipeline = raw.pipeline.unwrap_or(1000);
+        if pipeline == 0 || pipeline > 100_000 {
+            return Err("pipeline must be between 1 and 100000".into());
+        }
+        let verify = match (raw.verify.as_deref(), &mode) {
+            (None | Some("scan"), Mode::Scan) => Verify::Scan,
+            (Some("frozen"), Mode::Scan) => Verify::Frozen,
+            (Some(_), Mode::Index(_)) => {
+                return Err("`verify` is for mode = \"scan\": index mode verifies through the index set (`lethe verify --audit` adds a keyspace scan)".into())
+            }
+            (None, Mode::Index(_)) => Verify::Frozen,
+            (Some(other), _) => {
+                return Err(format!(
+                    "verify must be \"scan\" (a keyspace scan after the erase, the default) or \"frozen\" (only the frozen keys), not \"{other}\""
+                ))
+            }
+        };
         let timeout = Duration::from_millis(raw.timeout_ms.unwrap_or(5000).clamp(1, 600_000));
         Ok(Self {
             seeds,
@@ -171,7 +196,12 @@ impl Config {
             pattern,
             mode,
             memory,
-            scan_count,
+            verify,
+            pacing: Pacing {
+                scan_count,
+                scan_pause: Duration::from_millis(scan_pause_ms),
+                pipeline,
+            },
             timeout,
         })
     }
@@ -187,7 +217,8 @@ impl Config {
             self.pattern,
             self.mode,
             self.memory,
-            self.scan_count,
+            self.verify,
+            self.pacing,
         )
     }
 }
@@ -212,5 +243,42 @@ mod tests {
         assert_eq!((a.1, u, p, d), (6379, None, None, None));
         assert!(parse_url("rediss://h").unwrap_err().contains("TLS"));
         assert!(parse_url("http://h").is_err());
+    }
+
+    fn parse_text(extra: &str) -> Result<Config, String> {
+        let text =
+            format!("url = \"redis://127.0.0.1\"\npattern = \"{{tenant}}:{{subject}}:*\"\n{extra}");
+        Config::parse(toml::from_str(&text).unwrap(), Path::new("."))
+    }
+
+    #[test]
+    fn verify_and_pacing_options_are_checked() {
+        let c = parse_text("").unwrap();
+        assert_eq!(c.verify, Verify::Scan, "the keyspace scan is the default");
+        assert_eq!(
+            (c.pacing.scan_count, c.pacing.scan_pause, c.pacing.pipeline),
+            (1000, Duration::ZERO, 1000)
+        );
+        assert_eq!(
+            parse_text("verify = \"frozen\"").unwrap().verify,
+            Verify::Frozen
+        );
+        assert!(parse_text("verify = \"none\"")
+            .err()
+            .unwrap()
+            .contains("frozen"));
+        assert!(parse_text(
+            "mode = \"index\"\nindex = \"i:{tenant}:{subject}\"\nverify = \"scan\""
+        )
+        .err()
+        .unwrap()
+        .contains("--audit"));
+        let c = parse_text("scan_pause_ms = 2\npipeline = 64").unwrap();
+        assert_eq!(
+            (c.pacing.scan_pause, c.pacing.pipeline),
+            (Duration::from_millis(2), 64)
+        );
+        assert!(parse_text("pipeline = 0").is_err());
+        assert!(parse_text("scan_pause_ms = 5000").is_err());
     }
 }

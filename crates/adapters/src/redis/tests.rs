@@ -163,6 +163,11 @@ impl Space {
     }
 
     fn target(&self, mode: &str) -> crate::Target {
+        self.target_with(mode, "")
+    }
+
+    /// A target with extra config lines.
+    fn target_with(&self, mode: &str, extra: &str) -> crate::Target {
         let conn = if self.cluster {
             format!(
                 "nodes = [{}]",
@@ -183,7 +188,7 @@ impl Space {
             _ => "mode = \"scan\"\nscan_count = 7".to_string(),
         };
         let text = format!(
-            "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\n{conn}\npattern = \"{p}:{{tenant}}:{{subject}}:*\"\nmemory = \"{p}:{{tenant}}:{{subject}}:{{memory}}\"\n{mode}\n",
+            "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\n{conn}\npattern = \"{p}:{{tenant}}:{{subject}}:*\"\nmemory = \"{p}:{{tenant}}:{{subject}}:{{memory}}\"\n{mode}\n{extra}\n",
             p = self.prefix
         );
         crate::build(1, toml::from_str(&text).unwrap(), std::path::Path::new(".")).unwrap()
@@ -560,5 +565,79 @@ fn index_mode_audit_finds_keys_the_index_never_listed() {
         None,
         "scan mode's verify is the scan"
     );
+    cleanup(&space);
+}
+
+/// A writer that bypasses the gate adds a key for the subject after the inventory. The default
+/// verify (`verify = "scan"`) scans the keyspace again and counts it; `verify = "frozen"` looks
+/// only at the frozen keys, misses it, and leaves it to `lethe verify --audit`.
+#[test]
+fn a_key_written_after_the_inventory_is_caught_by_the_default_verify_and_by_the_audit() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        space.seed("acme", "alice");
+        space.seed("acme", "bob");
+        let scope = subject("acme", "alice");
+        let default = space.target("scan");
+        let frozen = space.target_with("scan", "verify = \"frozen\"");
+        let inv = default.adapter.inventory(&scope).unwrap();
+        assert_eq!(inv.count, 7);
+        let late = format!("{}:acme:alice:late", space.prefix);
+        space.cmd(&[b"SET", late.as_bytes(), b"written after the freeze"]);
+        assert_eq!(
+            default.adapter.erase_batch(&scope, &inv.locators).unwrap(),
+            7
+        );
+        assert_eq!(
+            default.adapter.verify(&scope, &inv.locators).unwrap(),
+            1,
+            "the default verify scans and finds the late key"
+        );
+        assert_eq!(
+            default.adapter.audit(&scope).unwrap(),
+            None,
+            "the default verify is the scan"
+        );
+        assert_eq!(
+            frozen.adapter.verify(&scope, &inv.locators).unwrap(),
+            0,
+            "verify = \"frozen\" checks the frozen keys only"
+        );
+        assert_eq!(
+            frozen.adapter.audit(&scope).unwrap(),
+            Some(1),
+            "the audit scans and finds it"
+        );
+        // A frozen key written again is residue in both.
+        let str_key = format!("{}:acme:alice:str", space.prefix);
+        space.cmd(&[b"SET", str_key.as_bytes(), b"again"]);
+        assert_eq!(frozen.adapter.verify(&scope, &inv.locators).unwrap(), 1);
+        assert_eq!(default.adapter.verify(&scope, &inv.locators).unwrap(), 2);
+        // With no frozen keys (a standalone `lethe verify`), verify = "frozen" scans too.
+        assert_eq!(frozen.adapter.verify(&scope, &[]).unwrap(), 2);
+        space.cmd(&[b"UNLINK", late.as_bytes()]);
+        space.cmd(&[b"UNLINK", str_key.as_bytes()]);
+        assert_eq!(frozen.adapter.verify(&scope, &inv.locators).unwrap(), 0);
+        cleanup(&space);
+    }
+}
+
+#[test]
+fn pacing_options_erase_exactly_in_small_pipelines() {
+    let mut space = Space::new(false);
+    for (t, s) in SUBJECTS {
+        space.seed(t, s);
+    }
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target_with(
+            "scan",
+            "scan_pause_ms = 1\npipeline = 2\nverify = \"frozen\"",
+        ),
+        with_index: false,
+    };
+    let me = ("acme".to_string(), "a*".to_string());
+    let out = conformance::run(&case, &subject("acme", "a*"), &|o| *o == me, 3);
+    assert_eq!(out.inventoried, 7);
     cleanup(&space);
 }
