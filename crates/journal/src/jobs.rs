@@ -6,7 +6,7 @@ use lethe_core::{BlockedReason, Scope};
 use sha2::{Digest, Sha256};
 
 use crate::chain::{append, db};
-use crate::db::{Row, Tx};
+use crate::db::{Row, Tx, V};
 use crate::entry::Entry;
 use crate::{Journal, JournalError, Result};
 
@@ -152,6 +152,36 @@ pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
         h.update(&rows.to_be_bytes());
     }
     format!("hmac:{}", hex::encode(h.finalize().into_bytes()))
+}
+
+/// Locators per multi-row `INSERT`: 2 + 2 x 250 parameters, well under SQLite's limit (32,766)
+/// and PostgreSQL's (65,535).
+const LOCATORS_PER_INSERT: usize = 250;
+
+/// Inserts a fresh inventory's locators, many rows per statement: one statement per locator
+/// cost a statement's overhead 5,000 times for a 5,000-key Redis subject.
+fn insert_locators(
+    tx: &mut dyn Tx,
+    job_id: &str,
+    target: &str,
+    locators: &[Locator],
+) -> Result<()> {
+    for chunk in locators.chunks(LOCATORS_PER_INSERT) {
+        let mut sql = String::from("INSERT INTO inventory (job_id, target, locator, rows) VALUES ");
+        let mut params: Vec<V> = Vec::with_capacity(2 + 2 * chunk.len());
+        params.push(job_id.into());
+        params.push(target.into());
+        for (i, (loc, rows)) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!("($1, $2, ${}, ${})", 3 + 2 * i, 4 + 2 * i));
+            params.push(loc.as_str().into());
+            params.push((*rows).into());
+        }
+        tx.exec(&sql, &params).map_err(db)?;
+    }
+    Ok(())
 }
 
 /// The right to run a job, held until dropped. On PostgreSQL it is a row lock on the job's
@@ -338,18 +368,7 @@ impl Journal {
             if done.is_some() {
                 return Ok(());
             }
-            for (loc, rows) in locators {
-                tx.exec(
-                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES ($1, $2, $3, $4)",
-                    &[
-                        job_id.into(),
-                        target.into(),
-                        loc.as_str().into(),
-                        (*rows).into(),
-                    ],
-                )
-                .map_err(db)?;
-            }
+            insert_locators(tx, job_id, target, locators)?;
             tx.exec(
                 "INSERT INTO target_progress (job_id, target, inventoried) VALUES ($1, $2, $3)
                  ON CONFLICT (job_id, target) DO UPDATE SET inventoried = excluded.inventoried",

@@ -39,6 +39,8 @@ pub(crate) struct Pacing {
     pub(crate) scan_pause: Duration,
     /// At most this many `UNLINK`/`EXISTS` commands in one pipeline.
     pub(crate) pipeline: usize,
+    /// Locators per `erase_batch` call, each batch journaled after it (`batch_size`).
+    pub(crate) batch_size: usize,
 }
 
 /// A `redis` target.
@@ -365,10 +367,12 @@ impl Redis {
 }
 
 fn hex_locator(kind: &str, key: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(kind.len() + key.len() * 2);
     s.push_str(kind);
-    for b in key {
-        s.push_str(&format!("{b:02x}"));
+    for &b in key {
+        s.push(HEX[usize::from(b >> 4)] as char);
+        s.push(HEX[usize::from(b & 15)] as char);
     }
     s
 }
@@ -528,6 +532,10 @@ impl Adapter for Redis {
             None => 0,
         };
         Ok(Some(keys.len() as u64 + index))
+    }
+
+    fn batch_size(&self) -> Option<usize> {
+        Some(self.pacing.batch_size)
     }
 
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {

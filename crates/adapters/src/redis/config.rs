@@ -25,6 +25,7 @@ struct Raw {
     scan_count: Option<u32>,
     scan_pause_ms: Option<u64>,
     pipeline: Option<usize>,
+    batch_size: Option<usize>,
     verify: Option<String>,
     timeout_ms: Option<u64>,
 }
@@ -171,6 +172,10 @@ impl Config {
         if pipeline == 0 || pipeline > 100_000 {
             return Err("pipeline must be between 1 and 100000".into());
         }
+        let batch_size = raw.batch_size.unwrap_or(10_000);
+        if batch_size == 0 || batch_size > 1_000_000 {
+            return Err("batch_size must be between 1 and 1000000".into());
+        }
         let verify = match (raw.verify.as_deref(), &mode) {
             (None | Some("scan"), Mode::Scan) => Verify::Scan,
             (Some("frozen"), Mode::Scan) => Verify::Frozen,
@@ -201,6 +206,7 @@ impl Config {
                 scan_count,
                 scan_pause: Duration::from_millis(scan_pause_ms),
                 pipeline,
+                batch_size,
             },
             timeout,
         })
