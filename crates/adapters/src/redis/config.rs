@@ -17,6 +17,7 @@ struct Raw {
     /// Cluster seed nodes.
     nodes: Option<Vec<String>>,
     password_file: Option<PathBuf>,
+    tls_ca_file: Option<PathBuf>,
     db: Option<u32>,
     pattern: String,
     mode: Option<String>,
@@ -43,17 +44,16 @@ pub struct Config {
     timeout: Duration,
 }
 
-/// What one URL gives: address, username, password, db.
-type ParsedUrl = (Addr, Option<String>, Option<String>, Option<u32>);
+/// What one URL gives: address, username, password, db, and whether it is `rediss://` (TLS).
+type ParsedUrl = (Addr, Option<String>, Option<String>, Option<u32>, bool);
 
-/// Parses one `redis://` URL into its address and credentials.
+/// Parses one `redis://` or `rediss://` URL into its address and credentials.
 fn parse_url(url: &str) -> Result<ParsedUrl, String> {
-    if url.starts_with("rediss://") {
-        return Err("rediss:// (TLS) is not built into Lethe yet".into());
-    }
-    let rest = url
-        .strip_prefix("redis://")
-        .ok_or("a Redis URL must start with redis://")?;
+    let (rest, tls) = match (url.strip_prefix("redis://"), url.strip_prefix("rediss://")) {
+        (Some(r), _) => (r, false),
+        (_, Some(r)) => (r, true),
+        _ => return Err("a Redis URL must start with redis:// or rediss:// (TLS)".into()),
+    };
     let (auth, rest) = match rest.rsplit_once('@') {
         Some((a, r)) => (Some(a), r),
         None => (None, rest),
@@ -87,7 +87,28 @@ fn parse_url(url: &str) -> Result<ParsedUrl, String> {
         },
         None => (None, None),
     };
-    Ok(((host.to_string(), port), user, pass, db))
+    Ok(((host.to_string(), port), user, pass, db, tls))
+}
+
+/// The TLS client for `rediss://`: the system's trusted CAs plus `ca_file`, TLS 1.2 or later,
+/// the peer's certificate verified (OpenSSL's default for a connector, never turned off).
+fn tls_connector(ca_file: Option<&Path>) -> Result<openssl::ssl::SslConnector, String> {
+    use openssl::ssl::{SslConnector, SslMethod, SslVersion};
+    let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| format!("TLS: {e}"))?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(|e| format!("TLS: {e}"))?;
+    if let Some(ca) = ca_file {
+        if !ca.is_file() {
+            return Err(format!("tls_ca_file {}: no such file", ca.display()));
+        }
+        b.set_ca_file(ca).map_err(|e| {
+            format!(
+                "tls_ca_file {}: not a PEM certificate file ({e})",
+                ca.display()
+            )
+        })?;
+    }
+    Ok(b.build())
 }
 
 impl Config {
@@ -106,13 +127,31 @@ impl Config {
         let cluster = raw.nodes.is_some();
         let mut seeds = Vec::new();
         let (mut username, mut password, mut db) = (None, None, None);
+        let mut schemes = std::collections::BTreeSet::new();
         for u in &urls {
-            let (addr, user, pass, d) = parse_url(u)?;
+            let (addr, user, pass, d, tls) = parse_url(u)?;
+            schemes.insert(tls);
             seeds.push(addr);
             username = username.or(user);
             password = password.or(pass);
             db = db.or(d);
         }
+        if schemes.len() > 1 {
+            return Err(
+                "mix of redis:// and rediss:// URLs: every node is reached the same way".into(),
+            );
+        }
+        let tls = match (schemes.contains(&true), &raw.tls_ca_file) {
+            (true, ca) => Some(tls_connector(
+                ca.as_ref().map(|p| resolve(base, p)).as_deref(),
+            )?),
+            (false, Some(_)) => {
+                return Err(
+                    "tls_ca_file is set but the URL is redis://: use rediss:// for TLS".into(),
+                )
+            }
+            (false, None) => None,
+        };
         if let Some(p) = &raw.password_file {
             if password.is_some() {
                 return Err("the URL has a password and password_file is set: keep one".into());
@@ -197,6 +236,7 @@ impl Config {
                 username,
                 password,
                 db,
+                tls,
             },
             pattern,
             mode,
@@ -235,19 +275,21 @@ mod tests {
 
     #[test]
     fn parses_urls() {
-        let (a, u, p, d) = parse_url("redis://me:s3cret@cache.local:6380/2").unwrap();
+        let (a, u, p, d, tls) = parse_url("redis://me:s3cret@cache.local:6380/2").unwrap();
         assert_eq!(
-            (a, u.as_deref(), p.as_deref(), d),
+            (a, u.as_deref(), p.as_deref(), d, tls),
             (
                 ("cache.local".into(), 6380),
                 Some("me"),
                 Some("s3cret"),
-                Some(2)
+                Some(2),
+                false
             )
         );
-        let (a, u, p, d) = parse_url("redis://127.0.0.1").unwrap();
-        assert_eq!((a.1, u, p, d), (6379, None, None, None));
-        assert!(parse_url("rediss://h").unwrap_err().contains("TLS"));
+        let (a, u, p, d, tls) = parse_url("redis://127.0.0.1").unwrap();
+        assert_eq!((a.1, u, p, d, tls), (6379, None, None, None, false));
+        let (a, .., tls) = parse_url("rediss://h:7110").unwrap();
+        assert_eq!((a.1, tls), (7110, true));
         assert!(parse_url("http://h").is_err());
     }
 
@@ -286,5 +328,33 @@ mod tests {
         );
         assert!(parse_text("pipeline = 0").is_err());
         assert!(parse_text("scan_pause_ms = 5000").is_err());
+        assert!(parse_text("tls_ca_file = \"ca.crt\"")
+            .err()
+            .unwrap()
+            .contains("rediss://"));
+    }
+
+    #[test]
+    fn tls_options_are_checked() {
+        let tls = |url: &str, extra: &str| {
+            let text = format!("url = \"{url}\"\npattern = \"{{tenant}}:{{subject}}:*\"\n{extra}");
+            Config::parse(toml::from_str(&text).unwrap(), Path::new("/nonexistent"))
+        };
+        assert!(tls("rediss://127.0.0.1:7110", "")
+            .unwrap()
+            .auth
+            .tls
+            .is_some());
+        assert!(tls("redis://127.0.0.1", "").unwrap().auth.tls.is_none());
+        assert!(tls("rediss://h", "tls_ca_file = \"ca.crt\"")
+            .err()
+            .unwrap()
+            .contains("no such file"));
+        let text =
+            "nodes = [\"redis://a:1\", \"rediss://b:2\"]\npattern = \"{tenant}:{subject}:*\"";
+        assert!(Config::parse(toml::from_str(text).unwrap(), Path::new("."))
+            .err()
+            .unwrap()
+            .contains("mix"));
     }
 }
