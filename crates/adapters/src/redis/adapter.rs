@@ -33,7 +33,7 @@ pub(crate) enum Verify {
 /// How scan mode paces itself, so that other clients of the same Redis keep their latency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pacing {
-    /// `COUNT` of each `SCAN`/`SSCAN` call: how long one call holds Redis's single thread.
+    /// `COUNT` of each `SCAN` call: how long one call holds Redis's single thread.
     pub(crate) scan_count: u32,
     /// A pause after each `SCAN` page, leaving Redis to other clients.
     pub(crate) scan_pause: Duration,
@@ -64,6 +64,8 @@ impl std::fmt::Debug for Redis {
 }
 
 const KEY: &str = "k:";
+/// `COUNT` of each `SSCAN` of an index set.
+const INDEX_PAGE: u32 = 1000;
 const INDEX: &str = "z:";
 
 /// What a scope names in this layout.
@@ -229,7 +231,9 @@ impl Redis {
         prefix: &str,
     ) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
         let mut out = BTreeSet::new();
-        let count = self.pacing.scan_count.to_string();
+        // A set's members are cheap to list (no keyspace walk, no MATCH): pages of 1,000 hold
+        // Redis about as long as a SCAN COUNT 100, with ten times fewer round trips.
+        let count = INDEX_PAGE.to_string();
         let mut cursor = b"0".to_vec();
         loop {
             let reply = nodes
