@@ -26,7 +26,8 @@ pub(crate) enum Verify {
     /// for the subject after the inventory by a writer that bypasses the gate. The default.
     Scan,
     /// Only the frozen keys (pipelined `EXISTS` per node): one keyspace pass per job instead of
-    /// two. A key written after the inventory is found only by `lethe verify --audit`.
+    /// two. A key written after the inventory is found only by a standalone `lethe verify`
+    /// (no frozen keys: it scans) or by `--audit`.
     Frozen,
 }
 
@@ -39,8 +40,6 @@ pub(crate) struct Pacing {
     pub(crate) scan_pause: Duration,
     /// At most this many `UNLINK`/`EXISTS` commands in one pipeline.
     pub(crate) pipeline: usize,
-    /// Locators per `erase_batch` call, each batch journaled after it (`batch_size`).
-    pub(crate) batch_size: usize,
 }
 
 /// A `redis` target.
@@ -52,6 +51,8 @@ pub struct Redis {
     memory: Option<Template>,
     verify: Verify,
     pacing: Pacing,
+    /// Locators per `erase_batch` call, each batch journaled after it (config `batch_size`).
+    batch_size: usize,
 }
 
 impl std::fmt::Debug for Redis {
@@ -92,6 +93,7 @@ impl Redis {
         memory: Option<Template>,
         verify: Verify,
         pacing: Pacing,
+        batch_size: usize,
     ) -> Self {
         Self {
             name: name.to_string(),
@@ -101,6 +103,7 @@ impl Redis {
             memory,
             verify,
             pacing,
+            batch_size,
         }
     }
 
@@ -542,7 +545,7 @@ impl Adapter for Redis {
     }
 
     fn batch_size(&self) -> Option<usize> {
-        Some(self.pacing.batch_size)
+        Some(self.batch_size)
     }
 
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {

@@ -41,6 +41,7 @@ pub struct Config {
     memory: Option<Template>,
     verify: Verify,
     pacing: Pacing,
+    batch_size: usize,
     timeout: Duration,
 }
 
@@ -248,8 +249,8 @@ impl Config {
                 scan_count,
                 scan_pause: Duration::from_millis(scan_pause_ms),
                 pipeline,
-                batch_size,
             },
+            batch_size,
             timeout,
         })
     }
@@ -267,6 +268,7 @@ impl Config {
             self.memory,
             self.verify,
             self.pacing,
+            self.batch_size,
         )
     }
 }
