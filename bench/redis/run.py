@@ -7,7 +7,8 @@ Part 1, scan mode, in Redis db 0 (the peer's scaled keyspace: 1,000,000 keys, 5,
 t03/u0342's). N times, rotating which goes first, each after re-writing the target's 5,000 keys
 (the peer's own `seed.redis_user_cmds`, the commands seed.py sends for the target):
   lethe  `lethe --config X -v erase --tenant t03 --subject u0342 ... --json`, one `redis` target
-         (pattern "{tenant}:{subject}:*", mode scan): the whole job, journal in a fresh folder
+         (pattern "{tenant}:{subject}:*", mode scan), in each --scan-variants configuration:
+         the whole job, journal in a fresh folder
   step6  the runbook's step 6 by its own code (step6.py imports runbook.step6_redis), timed
          in-process as runbook.py times it; then, separately, its step 8's Redis SCAN count
   floor  `redis-cli -n 0 --scan --pattern 't03:u0342:*' | xargs redis-cli -n 0 unlink`
@@ -22,9 +23,16 @@ Every run is checked: the target's keys are gone, DBSIZE fell by exactly what wa
 DUMP digest of a sample of the other keys is unchanged.
 Writes bench/out/redis-<UTC time>.json and prints Markdown tables.
 
+Lethe runs in named configurations (VARIANTS: extra lines of the target's table; --variant
+NAME='LINE;LINE' adds one): `lethe` (the defaults), `lethe_frozen` (verify = "frozen"), ...
+--scan-variants picks those of part 1, --lat-variants those of part 2 besides lethe and
+lethe_frozen. --scan-db N runs parts 1 and 2 in db N, seeded with its own scaled keyspace (the
+peer's seed_redis_users) and flushed at the end, away from other users of db 0.
+
 Usage: run.py --peer DIR [--runs 5] [--lat-rounds 5] [--sizes 100000,1000000,5000000]
-              [--scratch-dbs 12,13,14] [--skip scan,latency,index] [--lethe PATH]
-              [--workdir DIR --keep]
+              [--scratch-dbs 12,13,14] [--scan-db 0] [--skip scan,latency,index] [--lethe PATH]
+              [--scan-variants A,B] [--lat-variants A,B] [--variant NAME=LINES]
+              [--index-journal fresh|kept] [--workdir DIR --keep]
 Runs with the venv's python (scripts/pg python): redis-py and the peer's imports.
 """
 from __future__ import annotations
@@ -218,6 +226,9 @@ def main() -> int:
                     help="NAME=LINES: define or redefine a Lethe configuration (lines separated by ';')")
     ap.add_argument("--index-runs", type=int, default=5)
     ap.add_argument("--sizes", default="100000,1000000,5000000")
+    ap.add_argument("--index-journal", choices=["fresh", "kept"], default="fresh",
+                    help="index mode: a fresh journal and key for every run (start-up included), or one "
+                         "kept per size across its runs, as a deployment keeps its journal")
     ap.add_argument("--scan-db", type=int, default=0,
                     help="db for the scan and latency parts; other than 0, a private scaled keyspace seeded "
                          "at the start by the peer's seed_redis_users and flushed at the end, so that other "
@@ -351,7 +362,8 @@ def main() -> int:
         return res
 
     # ------------------------------------------------------------------ db 0: the scaled keyspace
-    result: dict = {"benchmark": "redis", "runs_requested": a.runs, "awake": a.awake, "scan_db": a.scan_db}
+    result: dict = {"benchmark": "redis", "runs_requested": a.runs, "awake": a.awake, "scan_db": a.scan_db,
+                    "index_journal": a.index_journal}
     runs, lat = [], []
     pooled: dict = {}  # eraser -> (quiet latencies, during latencies) of all its rounds
     if not ({"scan", "latency"} <= skip):
@@ -557,7 +569,7 @@ def main() -> int:
                 for size in order:
                     rs = rss[size]
                     filled, fsample, fdigest = fsamples[size]
-                    run_dir = os.path.join(work, f"index-{size}-{i + 1}")
+                    run_dir = os.path.join(work, f"index-{size}" + ("" if a.index_journal == "kept" else f"-{i + 1}"))
                     write_target(rs, index_key)
                     problems = []
                     if rs.dbsize() != size + 1:
@@ -582,7 +594,7 @@ def main() -> int:
                     log(f"index {size:>9,} run {i + 1}: {res['wall_s'] * 1000:6.1f} ms  rss {res['peak_rss_kib'] / 1024:5.1f} MiB  "
                         f"job {ph.get('job', float('nan')) * 1000:5.1f} ms, erase {ph.get('erase', float('nan')) * 1000:5.1f} ms  "
                         f"{'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
-                    if not a.keep:
+                    if not a.keep and a.index_journal == "fresh":
                         shutil.rmtree(run_dir, ignore_errors=True)
         finally:
             for rs in rss.values():
@@ -714,7 +726,7 @@ def main() -> int:
                   f"ratio {mm(s['p99_ratio'], 'x', 2)}; p50 quiet {s['p50_quiet_ms']['median']:.3f} ms, during {s['p50_during_ms']['median']:.3f} ms; "
                   f"erase window {mm(s['erase_window_s'])}")
     if idx_sum:
-        md += ["", "| index mode, keys in db | whole process ms | job ms (log) | erase phase ms (log) | Redis's own time ms | peak RSS MiB |",
+        md += ["", f"| index mode ({a.index_journal} journal), keys in db | whole process ms | job ms (log) | erase phase ms (log) | Redis's own time ms | peak RSS MiB |",
                "|---|---|---|---|---|---|"]
         for size, s in idx_sum.items():
             md.append(f"| {size:,} | {mm(s['wall_ms'], '', 1)} | {mm(s['job_ms'], '', 1)} | {mm(s['erase_ms'], '', 1)} | "
