@@ -398,7 +398,13 @@ impl Adapter for Redis {
     fn describe(&self) -> Description {
         Description {
             kind: "redis",
-            version: "1",
+            // The certificate carries the version, not the capabilities: a job that verified
+            // only its frozen keys says so there.
+            version: if matches!(self.mode, Mode::Scan) && self.verify == Verify::Frozen {
+                "1+verify-frozen"
+            } else {
+                "1"
+            },
             capabilities: vec![
                 "scope:subject",
                 "scope:tenant",

@@ -620,6 +620,9 @@ fn a_key_written_after_the_inventory_is_caught_by_the_default_verify_and_by_the_
         let scope = subject("acme", "alice");
         let default = space.target("scan");
         let frozen = space.target_with("scan", "verify = \"frozen\"");
+        // The certificate shows which verification ran (its adapter_version).
+        assert_eq!(default.adapter.describe().version, "1");
+        assert_eq!(frozen.adapter.describe().version, "1+verify-frozen");
         let inv = default.adapter.inventory(&scope).unwrap();
         assert_eq!(inv.count, 7);
         let late = format!("{}:acme:alice:late", space.prefix);
