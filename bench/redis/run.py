@@ -7,7 +7,8 @@ Part 1, scan mode, in Redis db 0 (the peer's scaled keyspace: 1,000,000 keys, 5,
 t03/u0342's). N times, rotating which goes first, each after re-writing the target's 5,000 keys
 (the peer's own `seed.redis_user_cmds`, the commands seed.py sends for the target):
   lethe  `lethe --config X -v erase --tenant t03 --subject u0342 ... --json`, one `redis` target
-         (pattern "{tenant}:{subject}:*", mode scan): the whole job, journal in a fresh folder
+         (pattern "{tenant}:{subject}:*", mode scan), in each --scan-variants configuration:
+         the whole job, journal in a fresh folder
   step6  the runbook's step 6 by its own code (step6.py imports runbook.step6_redis), timed
          in-process as runbook.py times it; then, separately, its step 8's Redis SCAN count
   floor  `redis-cli -n 0 --scan --pattern 't03:u0342:*' | xargs redis-cli -n 0 unlink`
@@ -22,9 +23,16 @@ Every run is checked: the target's keys are gone, DBSIZE fell by exactly what wa
 DUMP digest of a sample of the other keys is unchanged.
 Writes bench/out/redis-<UTC time>.json and prints Markdown tables.
 
+Lethe runs in named configurations (VARIANTS: extra lines of the target's table; --variant
+NAME='LINE;LINE' adds one): `lethe` (the defaults), `lethe_frozen` (verify = "frozen"), ...
+--scan-variants picks those of part 1, --lat-variants those of part 2 besides lethe and
+lethe_frozen. --scan-db N runs parts 1 and 2 in db N, seeded with its own scaled keyspace (the
+peer's seed_redis_users) and flushed at the end, away from other users of db 0.
+
 Usage: run.py --peer DIR [--runs 5] [--lat-rounds 5] [--sizes 100000,1000000,5000000]
-              [--scratch-dbs 12,13,14] [--skip scan,latency,index] [--lethe PATH]
-              [--workdir DIR --keep]
+              [--scratch-dbs 12,13,14] [--scan-db 0] [--skip scan,latency,index] [--lethe PATH]
+              [--scan-variants A,B] [--lat-variants A,B] [--variant NAME=LINES]
+              [--index-journal fresh|kept] [--workdir DIR --keep]
 Runs with the venv's python (scripts/pg python): redis-py and the peer's imports.
 """
 from __future__ import annotations
@@ -69,6 +77,14 @@ pattern = "{{tenant}}:{{subject}}:*"
 {mode}
 """
 MODE_SCAN = 'mode = "scan"'
+# Lethe's scan-mode configurations, by name: extra lines of the target's table.
+VARIANTS = {
+    "lethe": "",                                  # the defaults: verify = "scan", scan_count = 100
+    "lethe_frozen": 'verify = "frozen"',          # one keyspace pass; the scan left to verify --audit
+    "lethe_frozen_c1000": 'verify = "frozen"\nscan_count = 1000',  # fewest round trips
+    "lethe_c1000": "scan_count = 1000",           # the default before 2026-12-02
+    "lethe_paced": 'verify = "frozen"\nscan_count = 200\nscan_pause_ms = 1',  # a pause after each page
+}
 MODE_INDEX = 'mode = "index"\nindex = "idx:{tenant}:{subject}"'
 
 # Filler keys for the index-mode keyspaces, in seed.py's layout for the other subjects
@@ -201,9 +217,22 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--lat-rounds", type=int, default=5)
     ap.add_argument("--lat-c100-rounds", type=int, default=3,
-                    help="latency rounds of lethe with scan_count = 100 (information)")
+                    help="latency rounds of each --lat-variants configuration (information)")
+    ap.add_argument("--lat-variants", default="lethe_c1000,lethe_paced",
+                    help="Lethe configurations measured in the latency part besides lethe and lethe_frozen")
+    ap.add_argument("--scan-variants", default="lethe,lethe_frozen,lethe_frozen_c1000",
+                    help="Lethe configurations timed in the scan part")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=LINES: define or redefine a Lethe configuration (lines separated by ';')")
     ap.add_argument("--index-runs", type=int, default=5)
     ap.add_argument("--sizes", default="100000,1000000,5000000")
+    ap.add_argument("--index-journal", choices=["fresh", "kept"], default="fresh",
+                    help="index mode: a fresh journal and key for every run (start-up included), or one "
+                         "kept per size across its runs, as a deployment keeps its journal")
+    ap.add_argument("--scan-db", type=int, default=0,
+                    help="db for the scan and latency parts; other than 0, a private scaled keyspace seeded "
+                         "at the start by the peer's seed_redis_users and flushed at the end, so that other "
+                         "users of db 0 cannot disturb the runs")
     ap.add_argument("--scratch-dbs", default="12,13,14",
                     help="one empty db per size, flushed at the end (never 0, 1 or 9)")
     ap.add_argument("--lethe", default=os.path.join(REPO, "target", "release", "lethe"))
@@ -216,6 +245,14 @@ def main() -> int:
                          "on this VM an idle CPU makes each localhost round trip ~3x slower)")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
+    for v in a.variant:
+        name, _, lines = v.partition("=")
+        VARIANTS[name] = lines.replace(";", "\n")
+    lat_variants = [v for v in a.lat_variants.split(",") if v]
+    scan_variants = [v for v in a.scan_variants.split(",") if v]
+    for v in lat_variants + scan_variants:
+        if v not in VARIANTS:
+            sys.exit(f"unknown Lethe configuration {v}: one of {', '.join(VARIANTS)} or --variant {v}=...")
     if a.awake:
         import atexit
         spinners = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
@@ -241,6 +278,9 @@ def main() -> int:
         sys.exit(f"no lethe binary at {lethe}")
     py = sys.executable
     r0 = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    if a.scan_db in scratch or a.scan_db in (1, 9):
+        sys.exit("--scan-db: not a scratch db, not 1 or 9")
+    rS = redis.Redis(host="127.0.0.1", port=6379, db=a.scan_db)
     rss = {size: redis.Redis(host="127.0.0.1", port=6379, db=db) for size, db in zip(sizes, scratch)}
     for size, r_ in rss.items():
         if "index" not in skip and r_.dbsize() != 0:
@@ -288,7 +328,7 @@ def main() -> int:
         return sum(1 for _ in r.scan_iter(match=match, count=10_000))
 
     def server_usec() -> dict:
-        cs = r0.info("commandstats")
+        cs = rS.info("commandstats")
         return {c: (cs.get(f"cmdstat_{c}", {}).get("calls", 0), cs.get(f"cmdstat_{c}", {}).get("usec", 0))
                 for c in ("scan", "sscan", "exists", "unlink")}
 
@@ -322,17 +362,40 @@ def main() -> int:
         return res
 
     # ------------------------------------------------------------------ db 0: the scaled keyspace
-    result: dict = {"benchmark": "redis", "runs_requested": a.runs, "awake": a.awake}
+    result: dict = {"benchmark": "redis", "runs_requested": a.runs, "awake": a.awake, "scan_db": a.scan_db,
+                    "index_journal": a.index_journal}
     runs, lat = [], []
     pooled: dict = {}  # eraser -> (quiet latencies, during latencies) of all its rounds
     if not ({"scan", "latency"} <= skip):
-        n_target = exists_count(r0, target_keys)
-        others = r0.dbsize() - n_target
-        if others != 1_000_000 - N_TARGET:
-            log(f"db 0 holds {others} keys besides the target's, not 995,000: seeding the peer's scaled "
-                "scenario (seed.py --scenario scaled; also rewrites PostgreSQL db lg)")
-            sh([os.path.join(REPO, "scripts", "pg"), "peer", a.pg_url, "seed.py", "--scenario", "scaled"])
-            others = r0.dbsize() - exists_count(r0, target_keys)
+        if a.scan_db == 0:
+            n_target = exists_count(r0, target_keys)
+            others = r0.dbsize() - n_target
+            if others != 1_000_000 - N_TARGET:
+                log(f"db 0 holds {others} keys besides the target's, not 995,000: seeding the peer's scaled "
+                    "scenario (seed.py --scenario scaled; also rewrites PostgreSQL db lg)")
+                sh([os.path.join(REPO, "scripts", "pg"), "peer", a.pg_url, "seed.py", "--scenario", "scaled"])
+                others = r0.dbsize() - exists_count(r0, target_keys)
+        else:
+            # The scaled scenario's Redis part, by the peer's own seed_redis_users and plan: the
+            # target's 5,000 keys, then the other users' keys up to 1,000,000. (seed.py also
+            # writes LangGraph's cache keys for the threads it runs through a real graph; here
+            # those few are user keys too.)
+            from seed import PARAMS, seed_redis_users  # noqa: E402
+            from common import SCENARIOS  # noqa: E402
+            if rS.dbsize() != 0:
+                sys.exit(f"--scan-db {a.scan_db} holds {rS.dbsize()} keys; pick an empty db")
+            t = time.perf_counter()
+            sc = SCENARIOS["scaled"]
+            total = PARAMS["scaled"]["redis_total"]
+            seed_redis_users(rS, [(TENANT, SUBJECT, N_TARGET, True)])
+            others_users = [x for x in sc.users if x != sc.target]
+            base, extra = divmod(total - rS.dbsize(), len(others_users))
+            seed_redis_users(rS, [(t_, u_, base + (1 if j < extra else 0), False) for j, (t_, u_) in enumerate(others_users)])
+            others = rS.dbsize() - exists_count(rS, target_keys)
+            log(f"db {a.scan_db}: the scaled keyspace ({rS.dbsize()} keys) seeded in {time.perf_counter() - t:.1f} s")
+            if others != 1_000_000 - N_TARGET:
+                sys.exit(f"db {a.scan_db} holds {others} other keys, not 995,000")
+        r0 = rS  # from here on, the scan and latency parts use the scan db
         # One full SCAN: a 1% sample of the other keys (as verify.py picks it) for the digest,
         # and string keys for the GET client.
         sample, gets = [], []
@@ -367,8 +430,8 @@ def main() -> int:
 
         def erase_db0(what: str, run_dir: str) -> dict:
             os.makedirs(run_dir, exist_ok=True)
-            if what in ("lethe", "lethe_c100"):
-                res = run_lethe(0, MODE_SCAN + ("\nscan_count = 100" if what == "lethe_c100" else ""), run_dir)
+            if what in VARIANTS:
+                res = run_lethe(a.scan_db, MODE_SCAN + "\n" + VARIANTS[what], run_dir)
                 # How long each SCAN kept Redis from serving anyone else.
                 sc = res["server"]["scan"]
                 res["server_scan_calls"] = sc["calls"]
@@ -378,7 +441,7 @@ def main() -> int:
                     res["problems"].append(f"certificate counts {cc}")
                 return res
             if what == "step6":
-                wall, rss, out, err, rc, m0, m1 = timed([py, os.path.join(HERE, "step6.py"), peer, "--db", "0", "--check"], run_dir)
+                wall, rss, out, err, rc, m0, m1 = timed([py, os.path.join(HERE, "step6.py"), peer, "--db", str(a.scan_db), "--check"], run_dir)
                 res = {"wall_s": wall, "peak_rss_kib": rss, "exit": rc, "m0": m0, "m1": m1, "problems": []}
                 try:
                     j = json.loads(out)
@@ -391,7 +454,7 @@ def main() -> int:
                 return res
             # the floor, as written in the issue
             wall, rss, out, err, rc, m0, m1 = timed(
-                ["bash", "-c", f"redis-cli -n 0 --scan --pattern '{PATTERN}' | xargs redis-cli -n 0 unlink"], run_dir)
+                ["bash", "-c", f"redis-cli -n {a.scan_db} --scan --pattern '{PATTERN}' | xargs redis-cli -n {a.scan_db} unlink"], run_dir)
             res = {"wall_s": wall, "peak_rss_kib": rss, "exit": rc, "m0": m0, "m1": m1, "problems": []}
             try:
                 res["erased"] = sum(int(x) for x in out.split())
@@ -403,8 +466,8 @@ def main() -> int:
         subprocess.run([lethe, "--help"], capture_output=True)
         if "scan" not in skip:
             for i in range(a.runs):
-                kinds = ["lethe", "step6", "floor"]
-                for what in kinds[i % 3:] + kinds[:i % 3]:
+                kinds = scan_variants + ["step6", "floor"]
+                for what in kinds[i % len(kinds):] + kinds[:i % len(kinds)]:
                     run_dir = os.path.join(work, f"scan-{i + 1}-{what}")
                     write_target(r0)
                     rec_ = {"run": i + 1, "what": what, "load_before": loadavg()}
@@ -413,7 +476,7 @@ def main() -> int:
                         problems.append(f"dbsize before {r0.dbsize()} != {others + N_TARGET}")
                     res = erase_db0(what, run_dir)
                     rec_["load_after"] = loadavg()
-                    problems += res.pop("problems") + check_db0(res.get("erased", N_TARGET) if what != "lethe" else None)
+                    problems += res.pop("problems") + check_db0(res.get("erased", N_TARGET) if what not in VARIANTS else None)
                     rec_.update({k: v for k, v in res.items() if k not in ("m0", "m1")}, ok=not problems, problems=problems)
                     runs.append(rec_)
                     extra = f"  (step 6 in-process {res['step6_s']:.3f} s, step 8 count {res['check_s']:.3f} s)" if what == "step6" and "step6_s" in res else ""
@@ -427,13 +490,14 @@ def main() -> int:
             lw = [r["wall_s"] for r in runs if r["what"] == "lethe" and r["ok"]]
             quiet = max(2.0, statistics.median(lw) if lw else 2.5)
             for i in range(max(a.lat_rounds, a.lat_c100_rounds)):
-                kinds = (["lethe", "step6"] if i % 2 == 0 else ["step6", "lethe"]) if i < a.lat_rounds else []
-                for what in kinds + (["lethe_c100"] if i < a.lat_c100_rounds else []):
+                kinds = ["lethe", "lethe_frozen", "step6"]
+                kinds = (kinds[i % 3:] + kinds[:i % 3]) if i < a.lat_rounds else []
+                for what in kinds + (lat_variants if i < a.lat_c100_rounds else []):
                     run_dir = os.path.join(work, f"lat-{i + 1}-{what}")
                     os.makedirs(run_dir, exist_ok=True)
                     write_target(r0)
                     lat_out = os.path.join(run_dir, "lat.json")
-                    cl = subprocess.Popen([py, os.path.join(HERE, "getloop.py"), keys_file, lat_out, "--db", "0"],
+                    cl = subprocess.Popen([py, os.path.join(HERE, "getloop.py"), keys_file, lat_out, "--db", str(a.scan_db)],
                                           stdout=subprocess.PIPE, text=True)
                     cl.stdout.readline()  # "ready"
                     time.sleep(0.3)
@@ -472,6 +536,9 @@ def main() -> int:
                     if not a.keep:
                         shutil.rmtree(run_dir, ignore_errors=True)
         write_target(r0)  # leave db 0 as seed.py made it
+        if a.scan_db != 0:
+            rS.flushdb()
+            log(f"db {a.scan_db} (the copy) flushed")
 
     # ------------------------------------------------------------------ index mode, scratch db
     idx_runs, fills = [], []
@@ -502,7 +569,7 @@ def main() -> int:
                 for size in order:
                     rs = rss[size]
                     filled, fsample, fdigest = fsamples[size]
-                    run_dir = os.path.join(work, f"index-{size}-{i + 1}")
+                    run_dir = os.path.join(work, f"index-{size}" + ("" if a.index_journal == "kept" else f"-{i + 1}"))
                     write_target(rs, index_key)
                     problems = []
                     if rs.dbsize() != size + 1:
@@ -527,7 +594,7 @@ def main() -> int:
                     log(f"index {size:>9,} run {i + 1}: {res['wall_s'] * 1000:6.1f} ms  rss {res['peak_rss_kib'] / 1024:5.1f} MiB  "
                         f"job {ph.get('job', float('nan')) * 1000:5.1f} ms, erase {ph.get('erase', float('nan')) * 1000:5.1f} ms  "
                         f"{'ok' if not problems else 'FAILED: ' + '; '.join(problems)}")
-                    if not a.keep:
+                    if not a.keep and a.index_journal == "fresh":
                         shutil.rmtree(run_dir, ignore_errors=True)
         finally:
             for rs in rss.values():
@@ -540,7 +607,9 @@ def main() -> int:
         return [r for r in runs if r["what"] == what and r["ok"]]
 
     lw = stats([r["wall_s"] for r in ok("lethe")])
-    lr = stats([r["peak_rss_kib"] / 1024 for r in ok("lethe")])
+    lfw = stats([r["wall_s"] for r in ok("lethe_frozen")])
+    lfph = {}
+    lr = stats([r["peak_rss_kib"] / 1024 for r in ok("lethe")] + [r["peak_rss_kib"] / 1024 for r in ok("lethe_frozen")])
     scan_us = stats([r["server_scan_us_per_call"] for r in ok("lethe") if r.get("server_scan_us_per_call")])
     scan_calls = stats([r["server_scan_calls"] for r in ok("lethe") if r.get("server_scan_calls")])
     s6 = stats([r["step6_s"] for r in ok("step6")])
@@ -549,8 +618,9 @@ def main() -> int:
     fw = stats([r["wall_s"] for r in ok("floor")])
     ph_keys = ["start_to_request", "inventory", "erase", "verify_and_certificate", "job"]
     lph = {k: statistics.median(r["phases_s"][k] for r in ok("lethe") if r["phases_s"]) for k in ph_keys} if ok("lethe") else {}
+    lfph = {k: statistics.median(r["phases_s"][k] for r in ok("lethe_frozen") if r["phases_s"]) for k in ph_keys} if ok("lethe_frozen") else {}
     lat_sum = {}
-    for what in ("lethe", "step6", "lethe_c100"):
+    for what in ["lethe", "lethe_frozen", "step6"] + lat_variants:
         rows = [r for r in lat if r["eraser"] == what and r["ok"]]
         if rows:
             lat_sum[what] = {"p99_quiet_ms": stats([r["quiet"]["p99_ms"] for r in rows]),
@@ -584,8 +654,13 @@ def main() -> int:
     verdict = {
         "scan_within_1_2x_floor": bool(lw and fw) and lw["median"] <= 1.2 * fw["median"],
         "scan_faster_than_runbook_step6": bool(lw and s6) and lw["median"] < s6["median"],
+        "scan_frozen_within_1_2x_floor": bool(lfw and fw) and lfw["median"] <= 1.2 * fw["median"],
+        "scan_frozen_faster_than_runbook_step6": bool(lfw and s6) and lfw["median"] < s6["median"],
         "get_p99_within_2x": bool(lat_sum.get("lethe")) and lat_sum["lethe"]["pooled"]["p99_ratio"] <= 2.0
                              and lat_sum["lethe"]["p99_ratio"]["median"] <= 2.0,
+        "get_p99_within_2x_any_configuration": any(
+            v["pooled"]["p99_ratio"] <= 2.0 and v["p99_ratio"]["median"] <= 2.0
+            for k, v in lat_sum.items() if k != "step6"),
         "index_at_most_50ms": bool(walls) and max(walls) <= 50.0,
         "index_flat": bool(walls) and max(walls) <= 1.25 * min(walls),
         "all_runs_checked_ok": not failed,
@@ -599,7 +674,11 @@ def main() -> int:
                          "mtime_utc": dt.datetime.fromtimestamp(os.path.getmtime(lethe), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
         "machine": machine(r0), "load_before": load_before, "load_after": load_after,
         "uptime_before": uptime_before, "uptime_after": sh(["uptime"]).strip(),
+        "variants": VARIANTS,
         "scan": {"lethe_wall_s": lw, "lethe_peak_rss_mib": lr, "lethe_phases_median_s": lph,
+                 "lethe_frozen_wall_s": lfw, "lethe_frozen_phases_median_s": lfph,
+                 "ratio_lethe_frozen_over_floor": lfw["median"] / fw["median"] if lfw and fw else None,
+                 "ratio_lethe_frozen_over_step6": lfw["median"] / s6["median"] if lfw and s6 else None,
                  "step6_in_process_s": s6, "step6_plus_step8_count_s": s6c, "step6_process_wall_s": s6w,
                  "floor_wall_s": fw, "lethe_server_scan_us_per_call": scan_us, "lethe_server_scan_calls": scan_calls,
                  "ratio_lethe_over_floor": lw["median"] / fw["median"] if lw and fw else None,
@@ -624,7 +703,8 @@ def main() -> int:
           f"Redis {m['redis']}{'; CPUs kept awake by nice-19 spinners (--awake)' if a.awake else ''}.", f"uptime before: `{result['uptime_before']}`; after: `{result['uptime_after']}`.", ""]
     if lw:
         md += ["| scan mode, db 0 (1,000,000 keys, 5,000 erased) | median (min-max) |", "|---|---|",
-               f"| lethe erase, whole process ({lw['n']} ok) | {mm(lw)} |",
+               f"| lethe erase, whole process ({lw['n']} ok), default verify = \"scan\" | {mm(lw)} |",
+               f"| lethe erase, whole process ({lfw['n']} ok), verify = \"frozen\" | {mm(lfw)} |" if lfw else "",
                f"| lethe peak RSS | {mm(lr, 'MiB', 1)} |",
                f"| runbook step 6, in-process | {mm(s6)} |",
                f"| runbook step 6 + its step-8 SCAN count | {mm(s6c)} |",
@@ -633,7 +713,10 @@ def main() -> int:
                f"| **lethe / floor** | **{result['scan']['ratio_lethe_over_floor']:.2f}x** |" if fw else "",
                f"| **lethe / runbook step 6** | **{result['scan']['ratio_lethe_over_step6']:.2f}x** "
                f"(vs step 6 + count: {result['scan']['ratio_lethe_over_step6_plus_count']:.2f}x) |" if s6 else "",
+               f"| **lethe verify = \"frozen\" / floor, / runbook step 6** | **{result['scan']['ratio_lethe_frozen_over_floor']:.2f}x, "
+               f"{result['scan']['ratio_lethe_frozen_over_step6']:.2f}x** |" if lfw and fw and s6 else "",
                "", "Lethe's phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in lph.items()),
+               "Lethe's phases with verify = \"frozen\" (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in lfph.items()),
                f"Lethe's SCANs as Redis timed them (INFO commandstats): {mm(scan_calls, 'calls', 0)}, {mm(scan_us, 'us each', 0)}.", ""]
     for what, s in lat_sum.items():
         pl = s["pooled"]
@@ -643,7 +726,7 @@ def main() -> int:
                   f"ratio {mm(s['p99_ratio'], 'x', 2)}; p50 quiet {s['p50_quiet_ms']['median']:.3f} ms, during {s['p50_during_ms']['median']:.3f} ms; "
                   f"erase window {mm(s['erase_window_s'])}")
     if idx_sum:
-        md += ["", "| index mode, keys in db | whole process ms | job ms (log) | erase phase ms (log) | Redis's own time ms | peak RSS MiB |",
+        md += ["", f"| index mode ({a.index_journal} journal), keys in db | whole process ms | job ms (log) | erase phase ms (log) | Redis's own time ms | peak RSS MiB |",
                "|---|---|---|---|---|---|"]
         for size, s in idx_sum.items():
             md.append(f"| {size:,} | {mm(s['wall_ms'], '', 1)} | {mm(s['job_ms'], '', 1)} | {mm(s['erase_ms'], '', 1)} | "

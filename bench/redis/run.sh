@@ -6,7 +6,8 @@
 # index mode at 100,000 / 1,000,000 / 5,000,000 keys in scratch dbs (default 12, 13, 14, flushed at the
 # end). Writes bench/out/redis-*.json and prints Markdown tables. About 5 minutes.
 # Arguments go to run.py (--runs N, --lat-rounds N, --index-runs N, --sizes A,B,C,
-# --scratch-dbs A,B,C, --skip scan,latency,index, --workdir DIR --keep). LETHE_BIN=path skips the
+# --scratch-dbs A,B,C, --scan-db N, --scan-variants, --lat-variants, --variant NAME=LINES,
+# --index-journal fresh|kept, --skip scan,latency,index, --workdir DIR --keep). LETHE_BIN=path skips the
 # build and benchmarks that binary instead.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -163,6 +163,13 @@ pub trait Adapter: Send + Sync {
     /// Idempotent: rows already gone count zero. Returns rows deleted.
     fn erase_batch(&self, scope: &Scope, batch: &[(String, u64)]) -> Result<u64, AdapterError>;
 
+    /// How many locators to hand `erase_batch` at once, if this target sets its own number
+    /// instead of `control.batch_size` (a store without transactions, where a batch is only the
+    /// unit of journaling and of the anomaly guard). `None`: the control's number.
+    fn batch_size(&self) -> Option<usize> {
+        None
+    }
+
     /// Counts what is left for the scope, hidden rows included, plus anything left under the
     /// frozen locators. Read-only.
     fn verify(&self, scope: &Scope, frozen: &[(String, u64)]) -> Result<u64, AdapterError>;

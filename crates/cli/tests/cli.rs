@@ -881,3 +881,99 @@ fn an_unreachable_target_blocks_the_job_and_a_rerun_finishes_it() {
         serde_json::json!(["target_unavailable"])
     );
 }
+
+/// One RESP command to the standalone Redis of `LETHE_REDIS_URL`, db 9; the reply's first line.
+fn redis_cmd(args: &[&str]) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let hostport = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut s = std::net::TcpStream::connect(hostport).expect("redis reachable (scripts/test)");
+    let mut out = Vec::new();
+    for cmd in [vec!["SELECT", "9"], args.to_vec()] {
+        out.extend(format!("*{}\r\n", cmd.len()).into_bytes());
+        for a in cmd {
+            out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
+        }
+    }
+    s.write_all(&out).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap(); // SELECT's +OK
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    line.trim_end().to_string()
+}
+
+/// A writer around the gate sets a key for alice in Redis after her inventory. With the default
+/// `verify = "scan"` the job blocks on `residue` and `--reinventory` erases the key; with
+/// `verify = "frozen"` the job completes (the certificate says `1+verify-frozen`), and a
+/// standalone `lethe verify` finds the key.
+#[test]
+fn a_redis_key_written_after_the_inventory_is_residue_unless_verify_is_frozen() {
+    for verify in ["scan", "frozen"] {
+        let prefix = format!("ltlate{}{verify}", std::process::id());
+        let config = CONFIG.replace("BATCH", "500")
+            + &format!(
+                "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"{}/9\"\npattern = \"{prefix}:{{tenant}}:{{subject}}:*\"\nverify = \"{verify}\"\n",
+                std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+            );
+        let env = Env::with_config(&config);
+        for k in ["a", "b", "c"] {
+            redis_cmd(&["SET", &format!("{prefix}:acme:alice:{k}"), "cached"]);
+        }
+        redis_cmd(&["SET", &format!("{prefix}:acme:bob:a"), "bob's"]);
+        let job = kill_at(&env, "after-inventory");
+        let late = format!("{prefix}:acme:alice:late");
+        redis_cmd(&["SET", &late, "written after the freeze"]);
+        let (c, out) = env.json(&["resume", &job, "--json"]);
+        if verify == "scan" {
+            assert_eq!(
+                (
+                    c,
+                    out["blocked_reason"].as_str(),
+                    out["blocked_target"].as_str()
+                ),
+                (3, Some("residue"), Some("session-cache")),
+                "{out}"
+            );
+            let (c, out) = env.json(&["resume", &job, "--reinventory", "--json"]);
+            assert_eq!(c, 0, "{out}");
+            assert_eq!(out["certificate"]["targets"]["session-cache"]["count"], 4);
+            assert_eq!(
+                out["certificate"]["targets"]["session-cache"]["adapter_version"],
+                "1"
+            );
+            assert_eq!(redis_cmd(&["EXISTS", &late]), ":0");
+        } else {
+            assert_eq!(c, 0, "{out}");
+            let t = &out["certificate"]["targets"]["session-cache"];
+            assert_eq!(
+                (t["count"].as_u64(), t["adapter_version"].as_str()),
+                (Some(3), Some("1+verify-frozen"))
+            );
+            assert_eq!(
+                redis_cmd(&["EXISTS", &late]),
+                ":1",
+                "verify = \"frozen\" did not look for it"
+            );
+            let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+            assert_eq!(
+                (c, v["targets"]["session-cache"]["residue"].as_u64()),
+                (1, Some(1)),
+                "{v}"
+            );
+            redis_cmd(&["UNLINK", &late]);
+        }
+        assert_eq!(
+            redis_cmd(&["GET", &format!("{prefix}:acme:bob:a")]),
+            "$5",
+            "bob's key kept"
+        );
+        redis_cmd(&["UNLINK", &format!("{prefix}:acme:bob:a")]);
+    }
+}

@@ -432,7 +432,10 @@ impl Engine {
             },
         )?;
         let mut done = 0;
-        for (i, batch) in locators.chunks(self.batch_size).enumerate() {
+        // A target may erase more per call than a SQL transaction should hold (Redis: one
+        // pipelined UNLINK per key, no transaction); each batch is still journaled after it.
+        let batch_size = t.adapter.batch_size().unwrap_or(self.batch_size);
+        for (i, batch) in locators.chunks(batch_size).enumerate() {
             let rows = match t.adapter.erase_batch(&scope, batch) {
                 Ok(n) => n,
                 Err(e) => return self.block_on(&job.job_id, &t.name, e),
@@ -493,18 +496,13 @@ impl Engine {
         for t in &self.targets {
             let d = t.adapter.describe();
             let applies = t.adapter.check_scope(&scope).map_err(input)?;
-            let (count, _) = self
+            let (count, frozen) = self
                 .journal
                 .inventory(&job.job_id, &t.name)?
                 .unwrap_or_default();
             let (status, reason) = match applies {
                 Applicability::Exempt(reason) => (TargetStatus::Exempt, Some(reason)),
                 Applicability::Applies => {
-                    let frozen = self
-                        .journal
-                        .inventory(&job.job_id, &t.name)?
-                        .map(|(_, l)| l)
-                        .unwrap_or_default();
                     let residue = match t.adapter.verify(&scope, &frozen) {
                         Ok(n) => n,
                         Err(e) => return self.block_on(&job.job_id, &t.name, e),

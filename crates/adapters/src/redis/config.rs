@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::registry::{parse_table, resolve};
 
-use super::adapter::{Mode, Redis};
+use super::adapter::{Mode, Pacing, Redis, Verify};
 use super::layout::Template;
 use super::resp::{Addr, Auth};
 
@@ -17,12 +17,17 @@ struct Raw {
     /// Cluster seed nodes.
     nodes: Option<Vec<String>>,
     password_file: Option<PathBuf>,
+    tls_ca_file: Option<PathBuf>,
     db: Option<u32>,
     pattern: String,
     mode: Option<String>,
     index: Option<String>,
     memory: Option<String>,
     scan_count: Option<u32>,
+    scan_pause_ms: Option<u64>,
+    pipeline: Option<usize>,
+    batch_size: Option<usize>,
+    verify: Option<String>,
     timeout_ms: Option<u64>,
 }
 
@@ -34,21 +39,22 @@ pub struct Config {
     pattern: Template,
     mode: Mode,
     memory: Option<Template>,
-    scan_count: u32,
+    verify: Verify,
+    pacing: Pacing,
+    batch_size: usize,
     timeout: Duration,
 }
 
-/// What one URL gives: address, username, password, db.
-type ParsedUrl = (Addr, Option<String>, Option<String>, Option<u32>);
+/// What one URL gives: address, username, password, db, and whether it is `rediss://` (TLS).
+type ParsedUrl = (Addr, Option<String>, Option<String>, Option<u32>, bool);
 
-/// Parses one `redis://` URL into its address and credentials.
+/// Parses one `redis://` or `rediss://` URL into its address and credentials.
 fn parse_url(url: &str) -> Result<ParsedUrl, String> {
-    if url.starts_with("rediss://") {
-        return Err("rediss:// (TLS) is not built into Lethe yet".into());
-    }
-    let rest = url
-        .strip_prefix("redis://")
-        .ok_or("a Redis URL must start with redis://")?;
+    let (rest, tls) = match (url.strip_prefix("redis://"), url.strip_prefix("rediss://")) {
+        (Some(r), _) => (r, false),
+        (_, Some(r)) => (r, true),
+        _ => return Err("a Redis URL must start with redis:// or rediss:// (TLS)".into()),
+    };
     let (auth, rest) = match rest.rsplit_once('@') {
         Some((a, r)) => (Some(a), r),
         None => (None, rest),
@@ -82,7 +88,28 @@ fn parse_url(url: &str) -> Result<ParsedUrl, String> {
         },
         None => (None, None),
     };
-    Ok(((host.to_string(), port), user, pass, db))
+    Ok(((host.to_string(), port), user, pass, db, tls))
+}
+
+/// The TLS client for `rediss://`: the system's trusted CAs plus `ca_file`, TLS 1.2 or later,
+/// the peer's certificate verified (OpenSSL's default for a connector, never turned off).
+fn tls_connector(ca_file: Option<&Path>) -> Result<openssl::ssl::SslConnector, String> {
+    use openssl::ssl::{SslConnector, SslMethod, SslVersion};
+    let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(|e| format!("TLS: {e}"))?;
+    b.set_min_proto_version(Some(SslVersion::TLS1_2))
+        .map_err(|e| format!("TLS: {e}"))?;
+    if let Some(ca) = ca_file {
+        if !ca.is_file() {
+            return Err(format!("tls_ca_file {}: no such file", ca.display()));
+        }
+        b.set_ca_file(ca).map_err(|e| {
+            format!(
+                "tls_ca_file {}: not a PEM certificate file ({e})",
+                ca.display()
+            )
+        })?;
+    }
+    Ok(b.build())
 }
 
 impl Config {
@@ -101,13 +128,31 @@ impl Config {
         let cluster = raw.nodes.is_some();
         let mut seeds = Vec::new();
         let (mut username, mut password, mut db) = (None, None, None);
+        let mut schemes = std::collections::BTreeSet::new();
         for u in &urls {
-            let (addr, user, pass, d) = parse_url(u)?;
+            let (addr, user, pass, d, tls) = parse_url(u)?;
+            schemes.insert(tls);
             seeds.push(addr);
             username = username.or(user);
             password = password.or(pass);
             db = db.or(d);
         }
+        if schemes.len() > 1 {
+            return Err(
+                "mix of redis:// and rediss:// URLs: every node is reached the same way".into(),
+            );
+        }
+        let tls = match (schemes.contains(&true), &raw.tls_ca_file) {
+            (true, ca) => Some(tls_connector(
+                ca.as_ref().map(|p| resolve(base, p)).as_deref(),
+            )?),
+            (false, Some(_)) => {
+                return Err(
+                    "tls_ca_file is set but the URL is redis://: use rediss:// for TLS".into(),
+                )
+            }
+            (false, None) => None,
+        };
         if let Some(p) = &raw.password_file {
             if password.is_some() {
                 return Err("the URL has a password and password_file is set: keep one".into());
@@ -155,10 +200,37 @@ impl Config {
             .as_deref()
             .map(|m| Template::parse(m, "memory", false, &["tenant", "subject", "memory"]))
             .transpose()?;
-        let scan_count = raw.scan_count.unwrap_or(1000);
+        // 100, not Redis's 10 (100,000 round trips for a million keys) nor 1,000: a SCAN COUNT
+        // 1000 holds Redis ~0.8 ms, and other clients' p99 rose 3-6x under it (bench/README.md).
+        let scan_count = raw.scan_count.unwrap_or(100);
         if scan_count == 0 || scan_count > 100_000 {
             return Err("scan_count must be between 1 and 100000".into());
         }
+        let scan_pause_ms = raw.scan_pause_ms.unwrap_or(0);
+        if scan_pause_ms > 1000 {
+            return Err("scan_pause_ms must be between 0 and 1000".into());
+        }
+        let pipeline = raw.pipeline.unwrap_or(1000);
+        if pipeline == 0 || pipeline > 100_000 {
+            return Err("pipeline must be between 1 and 100000".into());
+        }
+        let batch_size = raw.batch_size.unwrap_or(10_000);
+        if batch_size == 0 || batch_size > 1_000_000 {
+            return Err("batch_size must be between 1 and 1000000".into());
+        }
+        let verify = match (raw.verify.as_deref(), &mode) {
+            (None | Some("scan"), Mode::Scan) => Verify::Scan,
+            (Some("frozen"), Mode::Scan) => Verify::Frozen,
+            (Some(_), Mode::Index(_)) => {
+                return Err("`verify` is for mode = \"scan\": index mode verifies through the index set (`lethe verify --audit` adds a keyspace scan)".into())
+            }
+            (None, Mode::Index(_)) => Verify::Frozen,
+            (Some(other), _) => {
+                return Err(format!(
+                    "verify must be \"scan\" (a keyspace scan after the erase, the default) or \"frozen\" (only the frozen keys), not \"{other}\""
+                ))
+            }
+        };
         let timeout = Duration::from_millis(raw.timeout_ms.unwrap_or(5000).clamp(1, 600_000));
         Ok(Self {
             seeds,
@@ -167,11 +239,18 @@ impl Config {
                 username,
                 password,
                 db,
+                tls,
             },
             pattern,
             mode,
             memory,
-            scan_count,
+            verify,
+            pacing: Pacing {
+                scan_count,
+                scan_pause: Duration::from_millis(scan_pause_ms),
+                pipeline,
+            },
+            batch_size,
             timeout,
         })
     }
@@ -187,7 +266,9 @@ impl Config {
             self.pattern,
             self.mode,
             self.memory,
-            self.scan_count,
+            self.verify,
+            self.pacing,
+            self.batch_size,
         )
     }
 }
@@ -198,19 +279,86 @@ mod tests {
 
     #[test]
     fn parses_urls() {
-        let (a, u, p, d) = parse_url("redis://me:s3cret@cache.local:6380/2").unwrap();
+        let (a, u, p, d, tls) = parse_url("redis://me:s3cret@cache.local:6380/2").unwrap();
         assert_eq!(
-            (a, u.as_deref(), p.as_deref(), d),
+            (a, u.as_deref(), p.as_deref(), d, tls),
             (
                 ("cache.local".into(), 6380),
                 Some("me"),
                 Some("s3cret"),
-                Some(2)
+                Some(2),
+                false
             )
         );
-        let (a, u, p, d) = parse_url("redis://127.0.0.1").unwrap();
-        assert_eq!((a.1, u, p, d), (6379, None, None, None));
-        assert!(parse_url("rediss://h").unwrap_err().contains("TLS"));
+        let (a, u, p, d, tls) = parse_url("redis://127.0.0.1").unwrap();
+        assert_eq!((a.1, u, p, d, tls), (6379, None, None, None, false));
+        let (a, .., tls) = parse_url("rediss://h:7110").unwrap();
+        assert_eq!((a.1, tls), (7110, true));
         assert!(parse_url("http://h").is_err());
+    }
+
+    fn parse_text(extra: &str) -> Result<Config, String> {
+        let text =
+            format!("url = \"redis://127.0.0.1\"\npattern = \"{{tenant}}:{{subject}}:*\"\n{extra}");
+        Config::parse(toml::from_str(&text).unwrap(), Path::new("."))
+    }
+
+    #[test]
+    fn verify_and_pacing_options_are_checked() {
+        let c = parse_text("").unwrap();
+        assert_eq!(c.verify, Verify::Scan, "the keyspace scan is the default");
+        assert_eq!(
+            (c.pacing.scan_count, c.pacing.scan_pause, c.pacing.pipeline),
+            (100, Duration::ZERO, 1000)
+        );
+        assert_eq!(
+            parse_text("verify = \"frozen\"").unwrap().verify,
+            Verify::Frozen
+        );
+        assert!(parse_text("verify = \"none\"")
+            .err()
+            .unwrap()
+            .contains("frozen"));
+        assert!(parse_text(
+            "mode = \"index\"\nindex = \"i:{tenant}:{subject}\"\nverify = \"scan\""
+        )
+        .err()
+        .unwrap()
+        .contains("--audit"));
+        let c = parse_text("scan_pause_ms = 2\npipeline = 64").unwrap();
+        assert_eq!(
+            (c.pacing.scan_pause, c.pacing.pipeline),
+            (Duration::from_millis(2), 64)
+        );
+        assert!(parse_text("pipeline = 0").is_err());
+        assert!(parse_text("scan_pause_ms = 5000").is_err());
+        assert!(parse_text("tls_ca_file = \"ca.crt\"")
+            .err()
+            .unwrap()
+            .contains("rediss://"));
+    }
+
+    #[test]
+    fn tls_options_are_checked() {
+        let tls = |url: &str, extra: &str| {
+            let text = format!("url = \"{url}\"\npattern = \"{{tenant}}:{{subject}}:*\"\n{extra}");
+            Config::parse(toml::from_str(&text).unwrap(), Path::new("/nonexistent"))
+        };
+        assert!(tls("rediss://127.0.0.1:7110", "")
+            .unwrap()
+            .auth
+            .tls
+            .is_some());
+        assert!(tls("redis://127.0.0.1", "").unwrap().auth.tls.is_none());
+        assert!(tls("rediss://h", "tls_ca_file = \"ca.crt\"")
+            .err()
+            .unwrap()
+            .contains("no such file"));
+        let text =
+            "nodes = [\"redis://a:1\", \"rediss://b:2\"]\npattern = \"{tenant}:{subject}:*\"";
+        assert!(Config::parse(toml::from_str(text).unwrap(), Path::new("."))
+            .err()
+            .unwrap()
+            .contains("mix"));
     }
 }

@@ -7,12 +7,18 @@
 //!   back to one key at a time.
 //!
 //! Why not a general client: erasure needs per-primary `SCAN` and per-slot pipelined `UNLINK`
-//! with every redirect visible, and nothing else. TLS (`rediss://`) is not built yet.
+//! with every redirect visible, and nothing else.
+//!
+//! TLS (`rediss://`): OpenSSL, the server's certificate always verified against the trusted CAs
+//! (the system's, plus `tls_ca_file`) and the node's host name or IP address. A handshake that
+//! fails is an error, never a fall-back to plain TCP.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+
+use openssl::ssl::{SslConnector, SslStream};
 
 /// A reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,17 +55,50 @@ impl Reply {
 pub(crate) type Addr = (String, u16);
 
 /// Connection settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Auth {
     pub(crate) username: Option<String>,
     pub(crate) password: Option<String>,
     pub(crate) db: u32,
+    /// TLS for every node (`rediss://`), with the trusted CAs; `None`: plain TCP.
+    pub(crate) tls: Option<SslConnector>,
+}
+
+/// A plain or a TLS socket.
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<SslStream<TcpStream>>),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
 }
 
 /// One connection to one node.
 pub(crate) struct Conn {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    stream: BufReader<Stream>,
+    /// Commands encoded and not yet sent: a pipeline goes out in one write.
+    out: Vec<u8>,
 }
 
 fn io_err(what: &str, e: std::io::Error) -> String {
@@ -83,10 +122,22 @@ impl Conn {
             .set_write_timeout(Some(timeout))
             .map_err(|e| io_err("socket", e))?;
         stream.set_nodelay(true).map_err(|e| io_err("socket", e))?;
-        let reader = BufReader::new(stream.try_clone().map_err(|e| io_err("socket", e))?);
+        let stream = match &auth.tls {
+            None => Stream::Tcp(stream),
+            Some(tls) => {
+                // Verifies the chain and the host name (or IP address) of the URL: no option
+                // turns that off, and a failed handshake never falls back to plain TCP.
+                let s = tls
+                    .configure()
+                    .map_err(|e| format!("TLS setup: {e}"))?
+                    .connect(&addr.0, stream)
+                    .map_err(|e| format!("TLS handshake with {}:{} failed: {e}", addr.0, addr.1))?;
+                Stream::Tls(Box::new(s))
+            }
+        };
         let mut c = Conn {
-            reader,
-            writer: BufWriter::new(stream),
+            stream: BufReader::new(stream),
+            out: Vec::new(),
         };
         if let Some(p) = &auth.password {
             let mut cmd: Vec<&[u8]> = vec![b"AUTH"];
@@ -109,21 +160,19 @@ impl Conn {
         Ok(c)
     }
 
-    fn write_cmd(&mut self, args: &[&[u8]]) -> Result<(), String> {
-        let w = &mut self.writer;
-        let e = |e| io_err("writing", e);
-        write!(w, "*{}\r\n", args.len()).map_err(e)?;
+    fn write_cmd(&mut self, args: &[&[u8]]) {
+        let w = &mut self.out;
+        w.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
         for a in args {
-            write!(w, "${}\r\n", a.len()).map_err(e)?;
-            w.write_all(a).map_err(e)?;
-            w.write_all(b"\r\n").map_err(e)?;
+            w.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            w.extend_from_slice(a);
+            w.extend_from_slice(b"\r\n");
         }
-        Ok(())
     }
 
     fn read_line(&mut self) -> Result<String, String> {
         let mut line = Vec::new();
-        self.reader
+        self.stream
             .read_until(b'\n', &mut line)
             .map_err(|e| io_err("reading", e))?;
         if !line.ends_with(b"\r\n") {
@@ -150,7 +199,7 @@ impl Conn {
                     Reply::Bulk(None)
                 } else {
                     let mut buf = vec![0u8; n as usize + 2];
-                    self.reader
+                    self.stream
                         .read_exact(&mut buf)
                         .map_err(|e| io_err("reading", e))?;
                     buf.truncate(n as usize);
@@ -181,9 +230,13 @@ impl Conn {
     /// Several commands written at once, their replies read in order.
     pub(crate) fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Result<Vec<Reply>, String> {
         for c in cmds {
-            self.write_cmd(c)?;
+            self.write_cmd(c);
         }
-        self.writer.flush().map_err(|e| io_err("writing", e))?;
+        let out = std::mem::take(&mut self.out);
+        let sock = self.stream.get_mut();
+        sock.write_all(&out)
+            .and_then(|()| sock.flush())
+            .map_err(|e| io_err("writing", e))?;
         cmds.iter().map(|_| self.read_reply()).collect()
     }
 }

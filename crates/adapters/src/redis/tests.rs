@@ -41,16 +41,40 @@ fn addr(url: &str) -> Addr {
     (h.to_string(), p.parse().unwrap())
 }
 
-/// A test's own key prefix, on the standalone server (db 9) or the cluster.
+/// The TLS-only server `scripts/redis tls-start` runs, and its folder (`ca.crt`, `wrong-ca.crt`).
+fn tls_server() -> (String, Addr, std::path::PathBuf) {
+    let url =
+        std::env::var("LETHE_REDIS_TLS_URL").unwrap_or_else(|_| "rediss://127.0.0.1:7110".into());
+    let dir =
+        std::env::var("LETHE_REDIS_TLS_DIR").unwrap_or_else(|_| "/var/tmp/lethe-redis-tls".into());
+    let (h, p) = url
+        .trim_start_matches("rediss://")
+        .rsplit_once(':')
+        .unwrap();
+    let a = (h.to_string(), p.trim_end_matches('/').parse().unwrap());
+    (url, a, dir.into())
+}
+
+/// A test's own key prefix, on the standalone server (db 9), the cluster, or the TLS server.
 struct Space {
     prefix: String,
     cluster: bool,
+    /// On the TLS server (`tls_server`), trusting its CA.
+    tls: bool,
     nodes: std::cell::RefCell<Nodes>,
     owners: HashMap<Vec<u8>, (String, String)>,
 }
 
 impl Space {
     fn new(cluster: bool) -> Self {
+        Self::make(cluster, false)
+    }
+
+    fn tls() -> Self {
+        Self::make(false, true)
+    }
+
+    fn make(cluster: bool, tls: bool) -> Self {
         let prefix = format!(
             "lt{}x{}",
             std::process::id(),
@@ -60,8 +84,17 @@ impl Space {
             username: None,
             password: None,
             db: if cluster { 0 } else { 9 },
+            tls: tls.then(|| {
+                let mut b =
+                    openssl::ssl::SslConnector::builder(openssl::ssl::SslMethod::tls_client())
+                        .unwrap();
+                b.set_ca_file(tls_server().2.join("ca.crt")).unwrap();
+                b.build()
+            }),
         };
-        let seeds = if cluster {
+        let seeds = if tls {
+            vec![tls_server().1]
+        } else if cluster {
             cluster_nodes().iter().map(|u| addr(u)).collect()
         } else {
             vec![standalone().1]
@@ -70,6 +103,7 @@ impl Space {
         Space {
             prefix,
             cluster,
+            tls,
             nodes: std::cell::RefCell::new(nodes),
             owners: HashMap::new(),
         }
@@ -80,7 +114,7 @@ impl Space {
             .nodes
             .borrow_mut()
             .keyed(args[1], args)
-            .expect("redis reachable (scripts/test starts the cluster)");
+            .expect("redis reachable (scripts/test starts the cluster and the TLS server)");
         assert!(!matches!(r, Reply::Error(_)), "{r:?}");
         r
     }
@@ -163,7 +197,18 @@ impl Space {
     }
 
     fn target(&self, mode: &str) -> crate::Target {
-        let conn = if self.cluster {
+        self.target_with(mode, "")
+    }
+
+    /// A target with extra config lines.
+    fn target_with(&self, mode: &str, extra: &str) -> crate::Target {
+        let conn = if self.tls {
+            let (url, _, dir) = tls_server();
+            format!(
+                "url = \"{url}\"\ndb = 9\ntls_ca_file = \"{}\"",
+                dir.join("ca.crt").display()
+            )
+        } else if self.cluster {
             format!(
                 "nodes = [{}]",
                 cluster_nodes()
@@ -183,7 +228,7 @@ impl Space {
             _ => "mode = \"scan\"\nscan_count = 7".to_string(),
         };
         let text = format!(
-            "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\n{conn}\npattern = \"{p}:{{tenant}}:{{subject}}:*\"\nmemory = \"{p}:{{tenant}}:{{subject}}:{{memory}}\"\n{mode}\n",
+            "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\n{conn}\npattern = \"{p}:{{tenant}}:{{subject}}:*\"\nmemory = \"{p}:{{tenant}}:{{subject}}:{{memory}}\"\n{mode}\n{extra}\n",
             p = self.prefix
         );
         crate::build(1, toml::from_str(&text).unwrap(), std::path::Path::new(".")).unwrap()
@@ -560,5 +605,144 @@ fn index_mode_audit_finds_keys_the_index_never_listed() {
         None,
         "scan mode's verify is the scan"
     );
+    cleanup(&space);
+}
+
+/// A writer that bypasses the gate adds a key for the subject after the inventory. The default
+/// verify (`verify = "scan"`) scans the keyspace again and counts it; `verify = "frozen"` looks
+/// only at the frozen keys, misses it, and leaves it to `lethe verify --audit`.
+#[test]
+fn a_key_written_after_the_inventory_is_caught_by_the_default_verify_and_by_the_audit() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        space.seed("acme", "alice");
+        space.seed("acme", "bob");
+        let scope = subject("acme", "alice");
+        let default = space.target("scan");
+        let frozen = space.target_with("scan", "verify = \"frozen\"");
+        // The certificate shows which verification ran (its adapter_version).
+        assert_eq!(default.adapter.describe().version, "1");
+        assert_eq!(frozen.adapter.describe().version, "1+verify-frozen");
+        let inv = default.adapter.inventory(&scope).unwrap();
+        assert_eq!(inv.count, 7);
+        let late = format!("{}:acme:alice:late", space.prefix);
+        space.cmd(&[b"SET", late.as_bytes(), b"written after the freeze"]);
+        assert_eq!(
+            default.adapter.erase_batch(&scope, &inv.locators).unwrap(),
+            7
+        );
+        assert_eq!(
+            default.adapter.verify(&scope, &inv.locators).unwrap(),
+            1,
+            "the default verify scans and finds the late key"
+        );
+        assert_eq!(
+            default.adapter.audit(&scope).unwrap(),
+            None,
+            "the default verify is the scan"
+        );
+        assert_eq!(
+            frozen.adapter.verify(&scope, &inv.locators).unwrap(),
+            0,
+            "verify = \"frozen\" checks the frozen keys only"
+        );
+        assert_eq!(
+            frozen.adapter.audit(&scope).unwrap(),
+            Some(1),
+            "the audit scans and finds it"
+        );
+        // A frozen key written again is residue in both.
+        let str_key = format!("{}:acme:alice:str", space.prefix);
+        space.cmd(&[b"SET", str_key.as_bytes(), b"again"]);
+        assert_eq!(frozen.adapter.verify(&scope, &inv.locators).unwrap(), 1);
+        assert_eq!(default.adapter.verify(&scope, &inv.locators).unwrap(), 2);
+        // With no frozen keys (a standalone `lethe verify`), verify = "frozen" scans too.
+        assert_eq!(frozen.adapter.verify(&scope, &[]).unwrap(), 2);
+        space.cmd(&[b"UNLINK", late.as_bytes()]);
+        space.cmd(&[b"UNLINK", str_key.as_bytes()]);
+        assert_eq!(frozen.adapter.verify(&scope, &inv.locators).unwrap(), 0);
+        cleanup(&space);
+    }
+}
+
+#[test]
+fn pacing_options_erase_exactly_in_small_pipelines() {
+    let mut space = Space::new(false);
+    for (t, s) in SUBJECTS {
+        space.seed(t, s);
+    }
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target_with(
+            "scan",
+            "scan_pause_ms = 1\npipeline = 2\nverify = \"frozen\"",
+        ),
+        with_index: false,
+    };
+    let me = ("acme".to_string(), "a*".to_string());
+    let out = conformance::run(&case, &subject("acme", "a*"), &|o| *o == me, 3);
+    assert_eq!(out.inventoried, 7);
+    cleanup(&space);
+}
+
+/// `rediss://`: the conformance suite over TLS, the server's certificate checked against the
+/// CA of `tls_ca_file` (scripts/redis tls-start makes a throwaway one).
+#[test]
+fn tls_scan_and_index_modes_erase_exactly() {
+    for mode in ["scan", "index"] {
+        let mut space = Space::tls();
+        for (t, s) in SUBJECTS {
+            space.seed(t, s);
+        }
+        let case = RedisCase {
+            space: &space,
+            adapter: space.target(mode),
+            with_index: mode == "index",
+        };
+        let me = ("acme".to_string(), "a?ice".to_string());
+        let out = conformance::run(&case, &subject("acme", "a?ice"), &|o| *o == me, 3);
+        assert_eq!(out.inventoried, if mode == "index" { 8 } else { 7 });
+        cleanup(&space);
+    }
+}
+
+/// A server whose certificate the configured CA did not sign is refused: the error says so,
+/// nothing is read or erased, and nothing falls back to plain TCP. The same without
+/// `tls_ca_file` (the system's CAs do not know the throwaway CA), and a plain `redis://` URL
+/// against the TLS port gets no answer it could take for Redis's.
+#[test]
+fn tls_with_the_wrong_ca_is_refused_touching_nothing() {
+    let mut space = Space::tls();
+    space.seed("acme", "alice");
+    let before = space.keys();
+    assert_eq!(before.len(), 8);
+    let (url, (host, port), dir) = tls_server();
+    let scope = subject("acme", "alice");
+    let wrong = format!("tls_ca_file = \"{}\"", dir.join("wrong-ca.crt").display());
+    for (u, extra) in [
+        (url.clone(), wrong.as_str()),
+        (url.clone(), ""),
+        (format!("redis://{host}:{port}"), ""),
+    ] {
+        let text = format!(
+            "name = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"{u}\"\ndb = 9\ntimeout_ms = 2000\npattern = \"{p}:{{tenant}}:{{subject}}:*\"\n{extra}\n",
+            p = space.prefix
+        );
+        let t = crate::build(1, toml::from_str(&text).unwrap(), std::path::Path::new(".")).unwrap();
+        let e = t.adapter.probe().expect_err("refused");
+        let msg = e.to_string();
+        if u.starts_with("rediss://") {
+            assert!(msg.contains("certificate verify failed"), "{msg}");
+        }
+        assert!(t.adapter.inventory(&scope).is_err(), "{u} {extra}");
+        let key = format!("{}:acme:alice:str", space.prefix);
+        let real: String = key.bytes().map(|b| format!("{b:02x}")).collect();
+        assert!(t
+            .adapter
+            .erase_batch(&scope, &[(format!("k:{real}"), 1)])
+            .is_err());
+        assert!(t.adapter.verify(&scope, &[]).is_err());
+    }
+    assert_eq!(space.keys(), before, "nothing was touched");
     cleanup(&space);
 }
