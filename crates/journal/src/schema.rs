@@ -167,26 +167,30 @@ END $f$"#,
 RETURNS BIGINT LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 DECLARE
-    l leases%ROWTYPE;
+    t TEXT;
+    s TEXT;
+    code BIGINT;
     id BIGINT;
 BEGIN
-    SELECT * INTO l FROM leases WHERE lease_id = p_lease;
+    SELECT l.tenant, l.subject INTO t, s FROM leases l WHERE l.lease_id = p_lease;
     IF NOT FOUND THEN RETURN -1; END IF;
-    PERFORM lethe_gate_lock(l.tenant, l.subject, false);
-    SELECT * INTO l FROM leases WHERE lease_id = p_lease;
-    IF l.revoked_by IS NOT NULL THEN RETURN -2; END IF;
-    IF l.expires_ms <= p_now THEN RETURN -3; END IF;
-    IF l.epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = l.subject), 0)
-       OR l.tenant_epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = ''), 0) THEN
-        RETURN -4;
-    END IF;
-    IF EXISTS (SELECT 1 FROM fences f WHERE f.tenant = l.tenant AND f.subject IN (l.subject, '')) THEN
-        RETURN -5;
-    END IF;
-    IF EXISTS (SELECT 1 FROM lease_reads r JOIN tombstones t ON t.memory_id = r.memory_id AND t.version = r.version
-                WHERE r.lease_id = p_lease AND t.tenant = l.tenant AND t.subject = l.subject) THEN
-        RETURN -6;
-    END IF;
+    -- lethe_gate_lock(t, s, false), inlined: this is the hot path.
+    PERFORM pg_advisory_xact_lock_shared(1818588264, hashtext(t)),
+            pg_advisory_xact_lock_shared(1818588265, hashtext(t || chr(31) || s));
+    -- Every check in one statement, after the lock (a new snapshot: sees any freeze that
+    -- committed before the lock was granted), in the order the codes are documented.
+    SELECT CASE
+             WHEN l.revoked_by IS NOT NULL THEN -2
+             WHEN l.expires_ms <= p_now THEN -3
+             WHEN l.epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = l.subject), 0)
+               OR l.tenant_epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = ''), 0) THEN -4
+             WHEN EXISTS (SELECT 1 FROM fences f WHERE f.tenant = l.tenant AND f.subject IN (l.subject, '')) THEN -5
+             WHEN EXISTS (SELECT 1 FROM lease_reads r JOIN tombstones tb ON tb.memory_id = r.memory_id AND tb.version = r.version
+                           WHERE r.lease_id = l.lease_id AND tb.tenant = l.tenant AND tb.subject = l.subject) THEN -6
+             ELSE 0
+           END
+      INTO code FROM leases l WHERE l.lease_id = p_lease;
+    IF code <> 0 THEN RETURN code; END IF;
     INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES (p_lease, p_sink, 'active', p_now)
         RETURNING permit_id INTO id;
     RETURN id;
