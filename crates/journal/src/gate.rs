@@ -70,6 +70,11 @@ pub mod pg {
     pub const TAKE_PERMIT: &str = "SELECT lethe_take_permit($1, $2, $3)";
     /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled') -> 1, or 0 if not active`.
     pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2)";
+    /// The same as a plain statement (rows changed: 1, or 0 if not active), for a session
+    /// that already runs with `synchronous_commit = off` (what `lethe_end_permit` sets for its
+    /// own transaction): no PL/pgSQL on the release path.
+    pub const END_PERMIT_PLAIN: &str =
+        "UPDATE permits SET state = $2 WHERE permit_id = $1 AND state = 'active'";
     /// `(tenant, subject, expires_ms BIGINT, reads JSON [[memory, version], ...])` ->
     /// `(lease_id, epoch, tenant_epoch)`, lease_id -5 when fenced.
     pub const TAKE_LEASE: &str =

@@ -26,7 +26,13 @@ struct Conn {
 /// Asynchronous connections to the PostgreSQL control store.
 pub(crate) struct PgGate {
     settings: lethe_postgres::Settings,
+    /// Leases and permits: every commit waits for the WAL flush.
     slots: Vec<Mutex<Option<Arc<Conn>>>>,
+    /// Releases and cancellations: sessions with `synchronous_commit = off`, so a release is a
+    /// plain `UPDATE` whose commit does not wait for the flush. Losing one in a server crash
+    /// leaves the permit active, which keeps a job BLOCKED (safe); the next synchronous commit
+    /// (a freeze) flushes it anyway.
+    release_slots: Vec<Mutex<Option<Arc<Conn>>>>,
     next: AtomicUsize,
 }
 
@@ -41,13 +47,24 @@ impl PgGate {
         Self {
             settings,
             slots: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
+            release_slots: (0..connections.div_ceil(2).max(1))
+                .map(|_| Mutex::new(None))
+                .collect(),
             next: AtomicUsize::new(0),
         }
     }
 
     async fn conn(&self) -> Result<Arc<Conn>, ApiError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
-        let mut slot = self.slots[i].lock().await;
+        self.conn_in(&self.slots, false).await
+    }
+
+    async fn conn_in(
+        &self,
+        slots: &[Mutex<Option<Arc<Conn>>>],
+        async_commit: bool,
+    ) -> Result<Arc<Conn>, ApiError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % slots.len();
+        let mut slot = slots[i].lock().await;
         if let Some(c) = slot.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(Arc::clone(c));
         }
@@ -61,9 +78,15 @@ impl PgGate {
                 tracing::warn!(error = %lethe_postgres::describe(&e), "Control store connection ended.");
             }
         });
+        if async_commit {
+            client
+                .batch_execute("SET synchronous_commit = off")
+                .await
+                .map_err(failed)?;
+        }
         let c = Arc::new(Conn {
             take_permit: client.prepare(pg::TAKE_PERMIT).await.map_err(failed)?,
-            end_permit: client.prepare(pg::END_PERMIT).await.map_err(failed)?,
+            end_permit: client.prepare(pg::END_PERMIT_PLAIN).await.map_err(failed)?,
             take_lease: client.prepare(pg::TAKE_LEASE).await.map_err(failed)?,
             client,
         });
@@ -92,13 +115,13 @@ impl PgGate {
 
     /// `state`: "released" or "cancelled".
     pub(crate) async fn end_permit(&self, permit: i64, state: &str) -> Result<(), ApiError> {
-        let c = self.conn().await?;
-        let row = c
+        let c = self.conn_in(&self.release_slots, true).await?;
+        let n = c
             .client
-            .query_one(&c.end_permit, &[&permit, &state])
+            .execute(&c.end_permit, &[&permit, &state])
             .await
             .map_err(failed)?;
-        if row.get::<_, i64>(0) == 0 {
+        if n == 0 {
             return Err(GateError::NoSuchPermit.into());
         }
         Ok(())
