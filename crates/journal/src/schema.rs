@@ -168,31 +168,35 @@ RETURNS BIGINT LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 DECLARE
     t TEXT;
-    s TEXT;
-    code BIGINT;
     id BIGINT;
 BEGIN
-    SELECT l.tenant, l.subject INTO t, s FROM leases l WHERE l.lease_id = p_lease;
+    -- The lease's scope, and lethe_gate_lock(tenant, subject, false) inlined: this is the hot
+    -- path, two statements in all.
+    SELECT l.tenant INTO t FROM leases l
+     WHERE l.lease_id = p_lease
+       AND pg_advisory_xact_lock_shared(1818588264, hashtext(l.tenant)) IS NOT NULL
+       AND pg_advisory_xact_lock_shared(1818588265, hashtext(l.tenant || chr(31) || l.subject)) IS NOT NULL;
     IF NOT FOUND THEN RETURN -1; END IF;
-    -- lethe_gate_lock(t, s, false), inlined: this is the hot path.
-    PERFORM pg_advisory_xact_lock_shared(1818588264, hashtext(t)),
-            pg_advisory_xact_lock_shared(1818588265, hashtext(t || chr(31) || s));
-    -- Every check in one statement, after the lock (a new snapshot: sees any freeze that
-    -- committed before the lock was granted), in the order the codes are documented.
-    SELECT CASE
-             WHEN l.revoked_by IS NOT NULL THEN -2
-             WHEN l.expires_ms <= p_now THEN -3
-             WHEN l.epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = l.subject), 0)
-               OR l.tenant_epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = ''), 0) THEN -4
-             WHEN EXISTS (SELECT 1 FROM fences f WHERE f.tenant = l.tenant AND f.subject IN (l.subject, '')) THEN -5
-             WHEN EXISTS (SELECT 1 FROM lease_reads r JOIN tombstones tb ON tb.memory_id = r.memory_id AND tb.version = r.version
-                           WHERE r.lease_id = l.lease_id AND tb.tenant = l.tenant AND tb.subject = l.subject) THEN -6
-             ELSE 0
-           END
-      INTO code FROM leases l WHERE l.lease_id = p_lease;
-    IF code <> 0 THEN RETURN code; END IF;
-    INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES (p_lease, p_sink, 'active', p_now)
-        RETURNING permit_id INTO id;
+    -- After the locks, in one statement (a new snapshot: it sees any freeze that committed
+    -- before the locks were granted): every check, in the order the codes are documented, and
+    -- the insert when all pass.
+    WITH c AS (
+        SELECT CASE
+                 WHEN l.revoked_by IS NOT NULL THEN -2
+                 WHEN l.expires_ms <= p_now THEN -3
+                 WHEN l.epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = l.subject), 0)
+                   OR l.tenant_epoch <> COALESCE((SELECT e.epoch FROM epochs e WHERE e.tenant = l.tenant AND e.subject = ''), 0) THEN -4
+                 WHEN EXISTS (SELECT 1 FROM fences f WHERE f.tenant = l.tenant AND f.subject IN (l.subject, '')) THEN -5
+                 WHEN EXISTS (SELECT 1 FROM lease_reads r JOIN tombstones tb ON tb.memory_id = r.memory_id AND tb.version = r.version
+                               WHERE r.lease_id = l.lease_id AND tb.tenant = l.tenant AND tb.subject = l.subject) THEN -6
+                 ELSE 0
+               END AS code
+          FROM leases l WHERE l.lease_id = p_lease),
+    ins AS (
+        INSERT INTO permits (lease_id, sink, state, issued_ms)
+        SELECT p_lease, p_sink, 'active', p_now FROM c WHERE c.code = 0
+        RETURNING permit_id)
+    SELECT COALESCE((SELECT i.permit_id FROM ins i), (SELECT c.code FROM c)) INTO id;
     RETURN id;
 END $f$"#,
     // Ends an active permit (state 'released' or 'cancelled'); returns 1, or 0 if it was not
