@@ -261,32 +261,44 @@ async fn take_permit(
     Ok((StatusCode::CREATED, Json(json!({"permit_id": permit.id}))))
 }
 
+/// How a permit ends: the boundary finished, or its work was aborted after a revocation.
+#[derive(Clone, Copy)]
+enum End {
+    Released,
+    Cancelled,
+}
+
+async fn end_permit(
+    state: &State,
+    headers: &HeaderMap,
+    permit_id: Result<Path<i64>, PathRejection>,
+    end: End,
+) -> Result<StatusCode, ApiError> {
+    authorize(state, headers, Role::Runtime)?;
+    let permit_id = path(permit_id)?;
+    match (&state.pg, end) {
+        (Some(pg), End::Released) => pg.end_permit(permit_id, "released").await?,
+        (Some(pg), End::Cancelled) => pg.end_permit(permit_id, "cancelled").await?,
+        (None, End::Released) => gate(state, move |j| j.release_permit(permit_id)).await?,
+        (None, End::Cancelled) => gate(state, move |j| j.confirm_cancelled(permit_id)).await?,
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn release_permit(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
-) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
-    let permit_id = path(permit_id)?;
-    match &state.pg {
-        Some(pg) => pg.end_permit(permit_id, "released").await?,
-        None => gate(&state, move |j| j.release_permit(permit_id)).await?,
-    }
-    Ok(StatusCode::NO_CONTENT)
+) -> Result<StatusCode, ApiError> {
+    end_permit(&state, &headers, permit_id, End::Released).await
 }
 
 async fn confirm_cancelled(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
-) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
-    let permit_id = path(permit_id)?;
-    match &state.pg {
-        Some(pg) => pg.end_permit(permit_id, "cancelled").await?,
-        None => gate(&state, move |j| j.confirm_cancelled(permit_id)).await?,
-    }
-    Ok(StatusCode::NO_CONTENT)
+) -> Result<StatusCode, ApiError> {
+    end_permit(&state, &headers, permit_id, End::Cancelled).await
 }
 
 #[derive(Deserialize)]
