@@ -34,7 +34,7 @@ trap cleanup EXIT
 psql "$ADMIN" -qc "DROP DATABASE IF EXISTS lethe_gate_bench WITH (FORCE)" -c "CREATE DATABASE lethe_gate_bench" >/dev/null
 # `lethe serve` needs a target to start; the demo's fixtures serve (no job runs here).
 "$LETHE" demo --dir "$WORK/d" >/dev/null
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/d/runtime.token"
+(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/d/runtime.token")
 TOKEN=$(cat "$WORK/d/runtime.token")
 sed -i "s#^journal = .*#journal = \"$PG\"#" "$WORK/d/lethe.toml"
 cat >> "$WORK/d/lethe.toml" <<TOML

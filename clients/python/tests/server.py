@@ -48,8 +48,9 @@ class Server:
             # fixtures (the tests' own subjects are random, so an erasure finds nothing there).
             shutil.copy(REPO / "tests/fixtures/langgraph-sqlite/store.db", d / "store.db")
             extra_toml = FIXTURE_TARGET
-        (d / "runtime.token").write_text(self.runtime_token + "\n")
-        (d / "operator.token").write_text(self.operator_token + "\n")
+        for name, token in (("runtime.token", self.runtime_token), ("operator.token", self.operator_token)):
+            (d / name).write_text(token + "\n")
+            (d / name).chmod(0o600)  # lethe serve refuses a token file others can read
         self.config = d / "lethe.toml"
         self.config.write_text(
             f"""[control]

@@ -28,6 +28,21 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         let shown = t.token_file.display();
         let text = std::fs::read_to_string(&t.token_file)
             .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?;
+        // A bearer token is a password: as with the key file, refuse one others can read.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&t.token_file)
+                .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(bad(format!(
+                    "serve.token_file {shown} is readable by group or others (mode {:o}); chmod 600 it",
+                    mode & 0o777
+                )));
+            }
+        }
         let token = text.trim().to_string();
         if token.len() < MIN_TOKEN_LEN || token.chars().any(|c| c.is_whitespace() || c.is_control())
         {

@@ -54,9 +54,17 @@ fn setup(config: &str) -> tempfile::TempDir {
         std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
     }
     std::fs::write(dir.path().join("lethe.toml"), config).unwrap();
-    std::fs::write(dir.path().join("runtime.token"), format!("{RUNTIME}\n")).unwrap();
-    std::fs::write(dir.path().join("operator.token"), format!("{OPERATOR}\n")).unwrap();
+    for (file, token) in [("runtime.token", RUNTIME), ("operator.token", OPERATOR)] {
+        let path = dir.path().join(file);
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        chmod(&path, 0o600);
+    }
     dir
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
 fn lethe(dir: &Path) -> Command {
@@ -203,4 +211,9 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
     let out = lethe(dir.path()).arg("serve").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
+    let dir = setup(CONFIG);
+    chmod(&dir.path().join("operator.token"), 0o644);
+    let out = lethe(dir.path()).arg("serve").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("readable by group or others"));
 }
