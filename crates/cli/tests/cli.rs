@@ -977,3 +977,56 @@ fn a_redis_key_written_after_the_inventory_is_residue_unless_verify_is_frozen() 
         redis_cmd(&["UNLINK", &format!("{prefix}:acme:bob:a")]);
     }
 }
+
+#[test]
+fn a_row_added_to_a_frozen_thread_blocks_the_job_as_anomalous_and_nothing_of_the_batch_goes() {
+    // The run stops right after the inventory; then a writer that ignores the gate adds a task
+    // write to one of alice's frozen threads. Erasing that thread would now delete one row more
+    // than its locator accounts for: the anomaly guard rolls the whole batch back.
+    let env = Env::new(500);
+    let job = kill_at(&env, "after-inventory");
+    let db = rusqlite::Connection::open(env.path().join("memory/checkpoints.db")).unwrap();
+    let thread: String = db
+        .query_row(
+            "SELECT thread_id FROM writes WHERE thread_id IN (SELECT thread_id FROM checkpoints
+              WHERE json_extract(CAST(metadata AS TEXT), '$.user_id') = 'alice') LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    db.execute(
+        "INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
+         SELECT thread_id, checkpoint_ns, checkpoint_id, task_id || '-late', task_path, idx, channel, type, value
+           FROM writes WHERE thread_id = ?1 LIMIT 1",
+        [&thread],
+    )
+    .unwrap();
+    let alice_rows = |db: &rusqlite::Connection| -> i64 {
+        db.query_row(
+            "SELECT (SELECT count(*) FROM checkpoints WHERE json_extract(CAST(metadata AS TEXT), '$.user_id') = 'alice')
+                  + (SELECT count(*) FROM writes WHERE thread_id IN (SELECT thread_id FROM checkpoints
+                       WHERE json_extract(CAST(metadata AS TEXT), '$.user_id') = 'alice'))",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let before = alice_rows(&db);
+    let others = env.others_rows();
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 3, "{out}");
+    assert_eq!(out["state"], "BLOCKED");
+    assert_eq!(out["blocked_reason"], "anomalous_volume");
+    assert_eq!(out["blocked_target"], "checkpoints");
+    assert_eq!(out["certificate"], Value::Null);
+    assert_eq!(
+        alice_rows(&db),
+        before,
+        "nothing of the rolled-back batch was deleted"
+    );
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept every row"
+    );
+}
