@@ -382,6 +382,53 @@ impl Journal {
         })
     }
 
+    /// Deletes what the gate no longer needs, at most `limit` rows of each kind, and returns
+    /// `(permits, leases)` deleted: the drain sets of completed jobs; ended permits that no
+    /// open job's drain set names; leases past their TTL that hold no permit row. Without it the
+    /// permit table grows by one row per boundary forever. Ids are never reused (identity /
+    /// AUTOINCREMENT), so a runtime that still holds a swept id gets `no_such_permit` or
+    /// `no_such_lease`, never someone else's.
+    pub fn sweep_gate(&self, now: OffsetDateTime, limit: i64) -> Result<(u64, u64)> {
+        let now = millis(now);
+        self.write(|tx| {
+            tx.exec(
+                "DELETE FROM drain WHERE job_id IN (SELECT j.job_id FROM jobs j WHERE j.state = 'COMPLETE')",
+                &[],
+            )
+            .map_err(db)?;
+            let permits = tx
+                .exec(
+                    "DELETE FROM permits WHERE permit_id IN (
+                       SELECT p.permit_id FROM permits p
+                        WHERE p.state <> 'active'
+                          AND NOT EXISTS (SELECT 1 FROM drain d WHERE d.permit_id = p.permit_id)
+                        LIMIT $1)",
+                    &[V::I(limit)],
+                )
+                .map_err(db)?;
+            // A lease goes with its reads; it must hold no permit row (its permits went first).
+            let gone = "SELECT l.lease_id FROM leases l
+                         WHERE l.expires_ms < $1
+                           AND NOT EXISTS (SELECT 1 FROM permits p WHERE p.lease_id = l.lease_id)
+                         LIMIT $2";
+            tx.exec(
+                &format!("DELETE FROM lease_reads WHERE lease_id IN ({gone})"),
+                &[V::I(now), V::I(limit)],
+            )
+            .map_err(db)?;
+            let leases = tx
+                .exec(
+                    &format!(
+                        "DELETE FROM leases WHERE lease_id IN ({gone})
+                           AND NOT EXISTS (SELECT 1 FROM lease_reads r WHERE r.lease_id = leases.lease_id)"
+                    ),
+                    &[V::I(now), V::I(limit)],
+                )
+                .map_err(db)?;
+            Ok((permits, leases))
+        })
+    }
+
     /// Which of these leases are revoked (unknown ids are left out). For the revocation stream.
     pub fn revoked_among(&self, leases: &[i64]) -> Result<Vec<i64>> {
         if leases.is_empty() {

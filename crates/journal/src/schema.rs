@@ -197,7 +197,8 @@ BEGIN
         SELECT p_lease, p_sink, 'active', p_now FROM c WHERE c.code = 0
         RETURNING permit_id)
     SELECT COALESCE((SELECT i.permit_id FROM ins i), (SELECT c.code FROM c)) INTO id;
-    RETURN id;
+    -- No row: the lease was swept (expired, no permit) between the two statements.
+    RETURN COALESCE(id, -1);
 END $f$"#,
     // Ends an active permit (state 'released' or 'cancelled'); returns 1, or 0 if it was not
     // active. Its commit does not wait for the WAL flush: losing it in a server crash leaves

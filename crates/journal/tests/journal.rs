@@ -150,6 +150,7 @@ both!(
     concurrent_permit_traffic_never_sees_a_permit_after_the_freeze,
     two_operators_asking_at_once_get_one_job,
     an_inventory_of_many_locators_is_stored_whole_and_kept_on_a_second_put,
+    the_sweep_keeps_what_a_drain_needs_and_deletes_the_rest,
 );
 
 fn t(s: &str) -> Tenant {
@@ -688,6 +689,62 @@ fn an_inventory_of_many_locators_is_stored_whole_and_kept_on_a_second_put(st: St
     assert_eq!(
         j.inventory(&id, "cache").unwrap().unwrap(),
         (got_count, got)
+    );
+    assert!(j.verify_chain().unwrap().is_intact());
+}
+
+fn the_sweep_keeps_what_a_drain_needs_and_deletes_the_rest(st: Store) {
+    let j = st.open();
+    let m = |id: &str, v: &str| (MemoryId::new(id).unwrap(), Version::new(v).unwrap());
+    let short = Duration::from_secs(1);
+    // Bob: a lease with an ended permit and a read, expired by sweep time.
+    let bob = j
+        .take_lease(NOW, &t("acme"), &s("bob"), &[m("memories/k1", "v1")], short)
+        .unwrap();
+    let p = j.take_permit(NOW, bob.id, Sink::Tool).unwrap();
+    j.release_permit(p.id).unwrap();
+    // Alice: a permit active at her erasure's freeze, so in its drain set.
+    let alice = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], short)
+        .unwrap();
+    let held = j.take_permit(NOW, alice.id, Sink::State).unwrap();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    j.freeze(AT, &a, None).unwrap();
+    // Carol: a live lease.
+    let carol = j
+        .take_lease(NOW, &t("acme"), &s("carol"), &[], Duration::from_secs(3600))
+        .unwrap();
+    let later = NOW + Duration::from_secs(60);
+    // Bob's permit and lease go; alice's drained-to-be permit and its lease stay; carol stays.
+    assert_eq!(j.sweep_gate(later, 1000).unwrap(), (1, 1));
+    assert!(matches!(
+        j.is_revoked(bob.id),
+        Err(JournalError::Gate(GateError::NoSuchLease))
+    ));
+    assert!(
+        j.is_revoked(alice.id).unwrap(),
+        "a lease in a drain is kept"
+    );
+    assert_eq!(
+        j.undrained(&a).unwrap(),
+        1,
+        "the drain still sees its permit"
+    );
+    assert!(j.take_permit(NOW, carol.id, Sink::Output).is_ok());
+    // Released, the permit still belongs to the open job's drain set: kept.
+    j.release_permit(held.id).unwrap();
+    assert_eq!(j.sweep_gate(later, 1000).unwrap(), (0, 0));
+    assert_eq!(j.undrained(&a).unwrap(), 0);
+    // Once the job is complete its drain set goes, then the permit, then the lease.
+    j.record(AT, &a, &Entry::Drained).unwrap();
+    j.record(AT, &a, &Entry::TargetsErased).unwrap();
+    j.complete(AT, &a, &serde_json::json!({"test": true}))
+        .unwrap();
+    assert_eq!(j.sweep_gate(later, 1000).unwrap(), (1, 1));
+    assert_eq!(
+        st.count("SELECT count(*) FROM leases"),
+        1,
+        "only carol's live lease is left"
     );
     assert!(j.verify_chain().unwrap().is_intact());
 }

@@ -102,6 +102,11 @@ pub async fn run(
         watchers,
         stop: stop_rx,
     };
+    tokio::spawn(sweep(
+        Arc::clone(&state.pool),
+        Arc::clone(&state.clock),
+        state.stop.clone(),
+    ));
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "Gate listening.");
     use axum::serve::ListenerExt;
@@ -116,4 +121,33 @@ pub async fn run(
             let _ = stop_tx.send(true);
         })
         .await
+}
+
+/// How often ended permits and expired leases are deleted (`Journal::sweep_gate`).
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Deletes, every [`SWEEP_EVERY`], what the gate no longer needs, until `stop`.
+async fn sweep(
+    pool: Arc<pool::Pool>,
+    clock: Arc<dyn Clock>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let (pool, now) = (Arc::clone(&pool), clock.now());
+        // Bounded rounds: a backlog is worked off over several ticks, never in one long lock.
+        match tokio::task::spawn_blocking(move || pool.with(|j| j.sweep_gate(now, 50_000))).await {
+            Ok(Ok((permits, leases))) if permits + leases > 0 => {
+                tracing::info!(permits, leases, "Gate swept.");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "Gate sweep failed; retried next round."),
+            Err(_) => return,
+        }
+    }
 }
