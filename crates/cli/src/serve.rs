@@ -88,6 +88,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             tokens,
             clock: Arc::new(SystemClock),
             hooks: lethe_server::Hooks::default(),
+            sweep_every: lethe_server::SWEEP_EVERY,
             postgres,
         };
         lethe_server::run(listener, server, shutdown_signal())

@@ -47,6 +47,8 @@ pub struct Server {
     pub clock: Arc<dyn Clock>,
     /// Fault injection for tests; [`Hooks::default`] in production.
     pub hooks: Hooks,
+    /// How often ended permits and expired leases are deleted ([`SWEEP_EVERY`] in production).
+    pub sweep_every: std::time::Duration,
     /// When the control store is PostgreSQL: its settings, so leases, permits and releases run
     /// on the server's own asynchronous connections (as many as `journals`) instead of a
     /// blocking thread each. `None` (SQLite) keeps every call on `journals`.
@@ -105,6 +107,7 @@ pub async fn run(
     tokio::spawn(sweep(
         Arc::clone(&state.pool),
         Arc::clone(&state.clock),
+        server.sweep_every,
         state.stop.clone(),
     ));
     let addr = listener.local_addr()?;
@@ -123,16 +126,17 @@ pub async fn run(
         .await
 }
 
-/// How often ended permits and expired leases are deleted (`Journal::sweep_gate`).
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often `lethe serve` deletes ended permits and expired leases (`Journal::sweep_gate`).
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Deletes, every [`SWEEP_EVERY`], what the gate no longer needs, until `stop`.
+/// Deletes, every `every`, what the gate no longer needs, until `stop`.
 async fn sweep(
     pool: Arc<pool::Pool>,
     clock: Arc<dyn Clock>,
+    every: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

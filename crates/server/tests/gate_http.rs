@@ -58,6 +58,7 @@ struct Env {
     engine: Arc<Engine>,
     clock: Arc<dyn Clock>,
     addr: String,
+    sweep_every: Duration,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
@@ -87,6 +88,11 @@ impl Env {
     }
 
     fn with_hooks(backend: Backend, clock: Arc<dyn Clock>, hooks: Hooks) -> Self {
+        // The sweep would delete the ended permits other tests count: off (hourly) unless asked.
+        Self::with(backend, clock, hooks, Duration::from_secs(3600))
+    }
+
+    fn with(backend: Backend, clock: Arc<dyn Clock>, hooks: Hooks, sweep_every: Duration) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let fx =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
@@ -103,6 +109,7 @@ impl Env {
             engine,
             clock,
             addr: String::new(),
+            sweep_every,
             stop: None,
             thread: None,
         };
@@ -123,6 +130,7 @@ impl Env {
             ],
             clock: Arc::clone(&self.clock),
             hooks,
+            sweep_every: self.sweep_every,
             // PostgreSQL: the asynchronous gate path, as `lethe serve` runs it.
             postgres: self.journal.starts_with("postgres").then(|| {
                 lethe_postgres::Settings::from_url(&self.journal, self.dir.path()).unwrap()
@@ -270,6 +278,7 @@ both!(
     memory_scope_revokes_only_the_lease_that_read_that_version,
     shutdown_ends_revocation_streams,
     a_restarted_server_keeps_fences_and_revocations,
+    the_server_sweeps_expired_leases_and_ended_permits,
 );
 
 fn permit_round_trip_roles_and_refusals(b: Backend) {
@@ -710,4 +719,47 @@ fn a_restarted_server_keeps_fences_and_revocations(b: Backend) {
         .resume(&job, &RunOptions::default(), &mut |_| {})
         .unwrap();
     assert_eq!(out.state.to_string(), "COMPLETE");
+}
+
+fn the_server_sweeps_expired_leases_and_ended_permits(b: Backend) {
+    let clock = Arc::new(ManualClock::new(
+        time::macros::datetime!(2026-12-02 10:00 UTC),
+    ));
+    let env = Env::with(
+        b,
+        clock.clone(),
+        Hooks::default(),
+        Duration::from_millis(20),
+    );
+    let rt = env.runtime();
+    let old = rt
+        .take_lease("acme", "bob", &[("memories/k", "v1")], 1_000)
+        .unwrap();
+    let p = rt.take_permit(old.lease_id, Sink::Tool).unwrap();
+    rt.release_permit(p).unwrap();
+    let live = rt.take_lease("acme", "carol", &[], 3_600_000).unwrap();
+    let held = rt.take_permit(live.lease_id, Sink::State).unwrap();
+    clock.advance(Duration::from_secs(60)); // bob's lease is past its TTL; carol's is not
+                                            // The server's sweep runs every 20 ms here: wait (bounded) for bob's rows to go.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.count(&format!(
+        "SELECT count(*) FROM leases WHERE lease_id = {}",
+        old.lease_id
+    )) > 0
+    {
+        assert!(Instant::now() < deadline, "the sweep never ran");
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        env.permits_of(old.lease_id),
+        0,
+        "the ended permit went first"
+    );
+    assert_eq!(
+        code(rt.is_revoked(old.lease_id).unwrap_err()),
+        "no_such_lease"
+    );
+    // The live lease and its active permit stay.
+    assert!(!rt.is_revoked(live.lease_id).unwrap());
+    rt.release_permit(held).unwrap();
 }
