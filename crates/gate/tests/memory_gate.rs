@@ -323,9 +323,15 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze(url: &str) {
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     let stop = Arc::new(AtomicBool::new(false));
     let granted = Arc::new(AtomicUsize::new(0));
+    let refused_workers = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..8)
         .map(|_| {
-            let (g, stop, granted) = (Arc::clone(&g), Arc::clone(&stop), Arc::clone(&granted));
+            let (g, stop, granted, refused_workers) = (
+                Arc::clone(&g),
+                Arc::clone(&stop),
+                Arc::clone(&granted),
+                Arc::clone(&refused_workers),
+            );
             // Taken before the freeze, whatever the threads' scheduling.
             let lease = g
                 .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
@@ -343,6 +349,9 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze(url: &str) {
                         }
                         Err(e) => {
                             assert_eq!(e, GateError::Revoked);
+                            if refused == 0 {
+                                refused_workers.fetch_add(1, SeqCst);
+                            }
                             refused += 1;
                         }
                     }
@@ -355,9 +364,9 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze(url: &str) {
         std::thread::yield_now();
     }
     g.freeze(&j, AT, &a, None).unwrap();
-    // Every permit from before the freeze is released, then the workers stop.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while g.undrained(&a) > 0 || granted.load(SeqCst) == 0 {
+    // Every permit from before the freeze drains and every worker has met the closed fence.
+    while g.undrained(&a) > 0 || refused_workers.load(SeqCst) < 8 {
         assert!(
             std::time::Instant::now() < deadline,
             "permits never drained"

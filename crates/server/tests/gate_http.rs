@@ -417,15 +417,17 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
     let env = Env::new(b, Arc::new(SystemClock));
     let stop = Arc::new(AtomicBool::new(false));
     let granted = Arc::new(AtomicUsize::new(0));
+    let refused_workers = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(Barrier::new(WORKERS + 1));
     // Even workers run for alice (erased), odd ones for bob (must keep working).
     let workers: Vec<_> = (0..WORKERS)
         .map(|i| {
-            let (addr, stop, granted, start) = (
+            let (addr, stop, granted, start, refused_workers) = (
                 env.addr.clone(),
                 Arc::clone(&stop),
                 Arc::clone(&granted),
                 Arc::clone(&start),
+                Arc::clone(&refused_workers),
             );
             std::thread::spawn(move || {
                 let c = Client::new(addr, RUNTIME);
@@ -445,6 +447,9 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
                         }
                         Err(e) => {
                             assert_eq!(code(e), "revoked", "worker {i}");
+                            if refused == 0 {
+                                refused_workers.fetch_add(1, SeqCst);
+                            }
                             refused += 1;
                         }
                     }
@@ -462,8 +467,13 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
     // The fence has closed: from here on, alice's leases must not gain a single permit row.
     let alice_at_close = env.permits_for("alice");
     let granted_at_close = granted.load(SeqCst);
-    while granted.load(SeqCst) < granted_at_close + 200 {
-        std::thread::yield_now(); // bob's workers keep going
+    // Bob's workers keep going, and every alice worker meets the closed fence (bounded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while granted.load(SeqCst) < granted_at_close + 200
+        || refused_workers.load(SeqCst) < WORKERS / 2
+    {
+        assert!(Instant::now() < deadline, "the workers never got there");
+        std::thread::yield_now();
     }
     stop.store(true, SeqCst);
     let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
