@@ -171,6 +171,17 @@ impl Client {
         self.call("POST", "/v1/jobs", Some(request))
     }
 
+    /// Resumes a job in the background (operator token), e.g. after the permits that blocked
+    /// it were released. `request`: `{"drain_timeout_s": N, "reinventory": bool}` or `{}`.
+    pub fn resume_job(&self, job_id: &str, request: &Value) -> Result<Value> {
+        self.call("POST", &format!("/v1/jobs/{job_id}/resume"), Some(request))
+    }
+
+    /// Every job: ids, states, scope hashes (operator token).
+    pub fn jobs(&self) -> Result<Value> {
+        self.call("GET", "/v1/jobs", None)
+    }
+
     /// A job's outcome (operator token).
     pub fn job(&self, job_id: &str) -> Result<Value> {
         self.call("GET", &format!("/v1/jobs/{job_id}"), None)

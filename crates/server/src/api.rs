@@ -51,8 +51,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/permits/{permit_id}", delete(release_permit))
         .route("/v1/permits/{permit_id}/cancelled", post(confirm_cancelled))
         .route("/v1/revocations", get(revocations))
-        .route("/v1/jobs", post(create_job))
+        .route("/v1/jobs", post(create_job).get(list_jobs))
         .route("/v1/jobs/{job_id}", get(job))
+        .route("/v1/jobs/{job_id}/resume", post(resume_job))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -436,30 +437,15 @@ async fn create_job(
         deadline,
         extension_reason: b.extension_reason,
     };
-    let drain = b.drain_timeout_s.unwrap_or(30);
-    if drain > 86_400 {
-        return Err(ApiError::bad_request(
-            "drain_timeout_s must be at most 86400",
-        ));
-    }
     let opts = RunOptions {
-        drain_timeout: Duration::from_secs(drain),
+        drain_timeout: drain_timeout(b.drain_timeout_s)?,
         ..RunOptions::default()
     };
     let engine = Arc::clone(&state.engine);
     let (job_id, created, state_now) = tokio::task::spawn_blocking(move || {
         let (job_id, created) = engine.request(req)?;
         let state_now = engine.outcome(&job_id)?.state;
-        // The job runs on its own thread; its progress is in the journal (GET /v1/jobs/{id}).
-        let runner = Arc::clone(&engine);
-        let id = job_id.clone();
-        std::thread::Builder::new()
-            .name("lethe-job".into())
-            .spawn(move || match runner.resume(&id, &opts, &mut |_| {}) {
-                Ok(o) => tracing::info!(job = %id, state = %o.state, "Job run ended."),
-                Err(e) => tracing::warn!(job = %id, error = %e, "Job run stopped."),
-            })
-            .map_err(EngineError::Io)?;
+        run_in_background(Arc::clone(&engine), job_id.clone(), opts)?;
         Ok::<_, EngineError>((job_id, created, state_now))
     })
     .await
@@ -469,6 +455,85 @@ async fn create_job(
         StatusCode::ACCEPTED,
         Json(json!({"job_id": job_id, "state": state_now, "continued": !created})),
     ))
+}
+
+/// Runs a job on its own thread; its progress is in the journal (GET /v1/jobs/{id}).
+fn run_in_background(
+    engine: Arc<Engine>,
+    job_id: String,
+    opts: RunOptions,
+) -> Result<(), EngineError> {
+    std::thread::Builder::new()
+        .name("lethe-job".into())
+        .spawn(move || match engine.resume(&job_id, &opts, &mut |_| {}) {
+            Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
+            Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+        })
+        .map(drop)
+        .map_err(EngineError::Io)
+}
+
+fn drain_timeout(secs: Option<u64>) -> Result<Duration, ApiError> {
+    let secs = secs.unwrap_or(30);
+    if secs > 86_400 {
+        return Err(ApiError::bad_request(
+            "drain_timeout_s must be at most 86400",
+        ));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+async fn list_jobs(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&state, &headers, Role::Operator)?;
+    let engine = Arc::clone(&state.engine);
+    let jobs = tokio::task::spawn_blocking(move || engine.journal().jobs())
+        .await
+        .map_err(|_| ApiError::unavailable())??;
+    // As `lethe jobs --json`: hashes and states, never the scope's identifiers.
+    Ok(Json(json!(jobs
+        .iter()
+        .map(|j| json!({
+            "job_id": j.job_id, "state": j.state, "scope_hash": j.scope_hash,
+            "scope": j.scope.kind(), "requested_at": j.requested_at, "deadline": j.deadline,
+            "blocked_reason": j.blocked_reason,
+        }))
+        .collect::<Vec<_>>())))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ResumeJson {
+    drain_timeout_s: Option<u64>,
+    reinventory: Option<bool>,
+}
+
+async fn resume_job(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    job_id: Result<Path<String>, PathRejection>,
+    b: Option<Json<ResumeJson>>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Operator)?;
+    let job_id = path(job_id)?;
+    let b = b.map(|Json(b)| b).unwrap_or_default();
+    let opts = RunOptions {
+        drain_timeout: drain_timeout(b.drain_timeout_s)?,
+        reinventory: b.reinventory.unwrap_or(false),
+        ..RunOptions::default()
+    };
+    let engine = Arc::clone(&state.engine);
+    let state_now = tokio::task::spawn_blocking(move || {
+        let state_now = engine.outcome(&job_id)?.state;
+        run_in_background(engine, job_id, opts)?;
+        Ok::<_, EngineError>(state_now)
+    })
+    .await
+    .map_err(|_| ApiError::unavailable())?
+    .map_err(engine_error)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"state": state_now}))))
 }
 
 async fn job(

@@ -589,13 +589,28 @@ fn a_permit_held_forever_leaves_the_job_blocked_whatever_the_lease_ttl(b: Backen
         code(rt.take_lease("acme", "alice", &[], 1_000).unwrap_err()),
         "fenced"
     );
-    // The holder confirms it aborted; the job can finish.
+    // The holder confirms it aborted; the operator resumes the job over HTTP and it finishes.
     rt.confirm_cancelled(held).unwrap();
-    let out = env
-        .engine
-        .resume(&job, &RunOptions::default(), &mut |_| {})
-        .unwrap();
-    assert_eq!(out.state.to_string(), "COMPLETE");
+    let op = env.operator();
+    assert_eq!(
+        code(op.resume_job("del-000000000000", &json!({})).unwrap_err()),
+        "no_such_job"
+    );
+    assert_eq!(
+        code(rt.resume_job(&job, &json!({})).unwrap_err()),
+        "forbidden"
+    );
+    let v = op.resume_job(&job, &json!({"drain_timeout_s": 5})).unwrap();
+    assert_eq!(v["state"], "BLOCKED");
+    let done = env.wait_job(&job, |v| v["state"] == "COMPLETE");
+    assert_eq!(done["blocked_reason"], Value::Null);
+    let jobs = op.jobs().unwrap();
+    assert_eq!(jobs[0]["job_id"], job.as_str());
+    assert_eq!(jobs[0]["state"], "COMPLETE");
+    assert!(
+        !jobs.to_string().contains("alice"),
+        "no identifier in the listing"
+    );
     // After completion the subject can be served again, at the new epoch.
     let fresh = rt.take_lease("acme", "alice", &[], 1_000).unwrap();
     assert_eq!(fresh.epoch, lease.epoch + 1);
