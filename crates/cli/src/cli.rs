@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use lethe_core::certificate::Certificate;
 use lethe_core::clock::SystemClock;
-use lethe_core::{Basis, JobState, MemoryId, Scope, Subject, Tenant, Version};
+use lethe_core::{Basis, JobState, Scope};
 use lethe_engine::{Config, Engine, EngineError, Outcome, Progress, Request, RunOptions};
 use serde_json::json;
 
@@ -57,21 +57,7 @@ fn scope_of(
     memory: Option<&str>,
     version: Option<&str>,
 ) -> Result<Scope, Exit> {
-    let f = |e: lethe_core::IdentError| bad(format!("--{e}"));
-    let tenant = Tenant::new(tenant).map_err(f)?;
-    Ok(match (subject, memory) {
-        (None, _) => Scope::Tenant { tenant },
-        (Some(s), None) => Scope::Subject {
-            tenant,
-            subject: Subject::new(s).map_err(f)?,
-        },
-        (Some(s), Some(m)) => Scope::Memory {
-            tenant,
-            subject: Subject::new(s).map_err(f)?,
-            memory: MemoryId::new(m).map_err(f)?,
-            version: version.map(Version::new).transpose().map_err(f)?,
-        },
-    })
+    Scope::from_parts(tenant, subject, memory, version).map_err(|e| bad(format!("--{e}")))
 }
 
 pub(crate) fn open_engine(config: &Path) -> Result<Engine, Exit> {
@@ -385,11 +371,10 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             let engine = open_engine(&config)?;
             let jobs = engine.journal().jobs().map_err(EngineError::from)?;
             if json {
-                print_json(&json!(jobs.iter().map(|j| json!({
-                    "job_id": j.job_id, "state": j.state, "scope_hash": j.scope_hash,
-                    "scope": j.scope.kind(), "requested_at": j.requested_at, "deadline": j.deadline,
-                    "blocked_reason": j.blocked_reason,
-                })).collect::<Vec<_>>()));
+                print_json(&json!(jobs
+                    .iter()
+                    .map(lethe_journal::jobs::JobRecord::summary)
+                    .collect::<Vec<_>>()));
             } else {
                 let mut t = Table::new(&[
                     "JOB",

@@ -20,5 +20,5 @@ pub mod state;
 
 pub use basis::Basis;
 pub use ident::{IdentError, MemoryId, Subject, Tenant, Version};
-pub use scope::{Scope, ScopeHash, ScopeKind};
+pub use scope::{Scope, ScopeError, ScopeHash, ScopeKind};
 pub use state::{BlockedReason, Event, JobState};

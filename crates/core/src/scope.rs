@@ -9,7 +9,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::ident::{MemoryId, Subject, Tenant, Version};
+use crate::ident::{IdentError, MemoryId, Subject, Tenant, Version};
 use crate::keys::ScopeKey;
 
 /// What one request erases.
@@ -63,7 +63,48 @@ impl fmt::Display for ScopeKind {
     }
 }
 
+/// Why raw identifiers do not make a scope. Messages name the field, never the value.
+#[derive(Debug, thiserror::Error)]
+pub enum ScopeError {
+    /// An identifier is malformed.
+    #[error(transparent)]
+    Ident(#[from] IdentError),
+    /// A memory was named without its subject.
+    #[error("memory needs subject")]
+    MemoryWithoutSubject,
+    /// A version was named without its memory.
+    #[error("version needs memory")]
+    VersionWithoutMemory,
+}
+
 impl Scope {
+    /// The scope raw identifiers name: a tenant; with a subject, that subject; with a subject
+    /// and a memory, that memory (at `version`, or the one current at the freeze). Every
+    /// identifier is validated; a combination that names no scope is refused, never widened.
+    pub fn from_parts(
+        tenant: &str,
+        subject: Option<&str>,
+        memory: Option<&str>,
+        version: Option<&str>,
+    ) -> Result<Self, ScopeError> {
+        let tenant = Tenant::new(tenant)?;
+        Ok(match (subject, memory, version) {
+            (_, None, Some(_)) => return Err(ScopeError::VersionWithoutMemory),
+            (None, Some(_), _) => return Err(ScopeError::MemoryWithoutSubject),
+            (None, None, None) => Scope::Tenant { tenant },
+            (Some(s), None, None) => Scope::Subject {
+                tenant,
+                subject: Subject::new(s)?,
+            },
+            (Some(s), Some(m), v) => Scope::Memory {
+                tenant,
+                subject: Subject::new(s)?,
+                memory: MemoryId::new(m)?,
+                version: v.map(Version::new).transpose()?,
+            },
+        })
+    }
+
     /// This scope's kind.
     pub fn kind(&self) -> ScopeKind {
         match self {
@@ -172,6 +213,38 @@ impl fmt::Debug for ScopeHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_parts_names_exactly_one_scope_or_refuses() {
+        assert_eq!(
+            Scope::from_parts("t", None, None, None).unwrap().kind(),
+            ScopeKind::Tenant
+        );
+        assert_eq!(
+            Scope::from_parts("t", Some("s"), None, None)
+                .unwrap()
+                .kind(),
+            ScopeKind::Subject
+        );
+        assert_eq!(
+            Scope::from_parts("t", Some("s"), Some("m"), Some("v"))
+                .unwrap()
+                .kind(),
+            ScopeKind::Memory
+        );
+        assert!(matches!(
+            Scope::from_parts("t", None, Some("m"), None),
+            Err(ScopeError::MemoryWithoutSubject)
+        ));
+        assert!(matches!(
+            Scope::from_parts("t", Some("s"), None, Some("v")),
+            Err(ScopeError::VersionWithoutMemory)
+        ));
+        assert!(matches!(
+            Scope::from_parts("", Some("s"), None, None),
+            Err(ScopeError::Ident(_))
+        ));
+    }
     use crate::keys::DeploymentKey;
 
     fn subject(t: &str, s: &str) -> Scope {

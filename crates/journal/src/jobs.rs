@@ -70,6 +70,18 @@ pub struct JobRecord {
     pub certificate: Option<serde_json::Value>,
 }
 
+impl JobRecord {
+    /// What a listing shows of a job (`lethe jobs --json`, `GET /v1/jobs`): ids, state, the
+    /// scope's kind and keyed hash, never its identifiers.
+    pub fn summary(&self) -> serde_json::Value {
+        serde_json::json!({
+            "job_id": self.job_id, "state": self.state, "scope_hash": self.scope_hash,
+            "scope": self.scope.kind(), "requested_at": self.requested_at,
+            "deadline": self.deadline, "blocked_reason": self.blocked_reason,
+        })
+    }
+}
+
 const JOB_COLUMNS: &str =
     "job_id, scope_hash, scope, state, blocked_reason, blocked_target, basis, \
      policy_version, deadline, requested_at, updated_at, subject_epoch, tenant_epoch, \

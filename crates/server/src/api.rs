@@ -371,27 +371,13 @@ struct JobJson {
 }
 
 fn scope_of(b: &JobJson) -> Result<Scope, ApiError> {
-    let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
-    let tenant = Tenant::new(b.tenant.clone()).map_err(bad)?;
-    Ok(match (&b.subject, &b.memory) {
-        (None, None) => Scope::Tenant { tenant },
-        (None, Some(_)) => return Err(ApiError::bad_request("memory needs subject")),
-        (Some(s), None) => Scope::Subject {
-            tenant,
-            subject: Subject::new(s.clone()).map_err(bad)?,
-        },
-        (Some(s), Some(m)) => Scope::Memory {
-            tenant,
-            subject: Subject::new(s.clone()).map_err(bad)?,
-            memory: MemoryId::new(m.clone()).map_err(bad)?,
-            version: b
-                .version
-                .clone()
-                .map(Version::new)
-                .transpose()
-                .map_err(bad)?,
-        },
-    })
+    Scope::from_parts(
+        &b.tenant,
+        b.subject.as_deref(),
+        b.memory.as_deref(),
+        b.version.as_deref(),
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 fn engine_error(e: EngineError) -> ApiError {
@@ -414,9 +400,6 @@ async fn create_job(
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Operator)?;
     let b = body(b)?;
-    if b.version.is_some() && b.memory.is_none() {
-        return Err(ApiError::bad_request("version needs memory"));
-    }
     let scope = scope_of(&b)?;
     let basis: Basis = b.basis.parse().map_err(ApiError::bad_request)?;
     let deadline = b
@@ -495,11 +478,7 @@ async fn list_jobs(
     // As `lethe jobs --json`: hashes and states, never the scope's identifiers.
     Ok(Json(json!(jobs
         .iter()
-        .map(|j| json!({
-            "job_id": j.job_id, "state": j.state, "scope_hash": j.scope_hash,
-            "scope": j.scope.kind(), "requested_at": j.requested_at, "deadline": j.deadline,
-            "blocked_reason": j.blocked_reason,
-        }))
+        .map(lethe_journal::jobs::JobRecord::summary)
         .collect::<Vec<_>>())))
 }
 

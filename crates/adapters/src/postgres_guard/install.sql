@@ -85,45 +85,18 @@ CREATE OR REPLACE FUNCTION lethe_guard.check_owner(
     tenant text, subject text, epoch jsonb, tenant_epoch jsonb, fence_only boolean
 ) RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    cur bigint;
-    closed boolean;
-    tok bigint;
+    te bigint; tf boolean; se bigint; sf boolean;
 BEGIN
     IF tenant IS NULL THEN
         RETURN;
     END IF;
-    SELECT f.epoch, f.fenced INTO cur, closed
-        FROM lethe_guard.tenant_fence f WHERE f.owner = lethe_guard.tenant_owner(tenant);
-    IF FOUND THEN
-        IF closed THEN
-            RAISE EXCEPTION 'lethe guard: an erasure of this tenant is running; no write is admitted until it completes'
-                USING ERRCODE = 'LT001';
-        END IF;
-        IF NOT fence_only THEN
-            tok := lethe_guard.token(tenant_epoch);
-            IF tok IS NULL OR tok < cur THEN
-                RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this tenant was erased; take a new lease (lethe_tenant_epoch)'
-                    USING ERRCODE = 'LT002';
-            END IF;
-        END IF;
-    END IF;
-    IF subject IS NULL THEN
-        RETURN;
-    END IF;
-    SELECT f.epoch, f.fenced INTO cur, closed
-        FROM lethe_guard.subject_fence f WHERE f.owner = lethe_guard.subject_owner(tenant, subject);
-    IF FOUND THEN
-        IF closed THEN
-            RAISE EXCEPTION 'lethe guard: an erasure of this subject is running; no write is admitted until it completes'
-                USING ERRCODE = 'LT001';
-        END IF;
-        IF NOT fence_only THEN
-            tok := lethe_guard.token(epoch);
-            IF tok IS NULL OR tok < cur THEN
-                RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this subject was erased; take a new lease (lethe_epoch)'
-                    USING ERRCODE = 'LT002';
-            END IF;
-        END IF;
+    -- One lookup, then the same decision as every other guarded write (`decide`, below).
+    SELECT tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced INTO te, tf, se, sf
+      FROM (SELECT 1) one
+      LEFT JOIN lethe_guard.tenant_fence tfe ON tfe.owner = lethe_guard.tenant_owner(check_owner.tenant)
+      LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = lethe_guard.subject_owner(check_owner.tenant, check_owner.subject);
+    IF te IS NOT NULL OR se IS NOT NULL THEN
+        PERFORM lethe_guard.decide(te, tf, se, sf, epoch, tenant_epoch, fence_only);
     END IF;
 END $$;
 
