@@ -12,17 +12,22 @@
 # - revocation : from a freeze's commit to the `revoked` event on an open SSE stream of the
 #            server                                                       target < 100 ms
 # Writes bench/out/gate-*.jsonl (one JSON object per measurement) and prints medians.
-# Env: ROUNDS, SECS (per measurement, default 5), LETHE_PG15_URL (admin URL).
+# The HTTP measurement also samples the CPU used meanwhile by PostgreSQL, `lethe` and the
+# driver (bench/gate/cpu.py) and reports it per cycle.
+# Env: ROUNDS, SECS (per measurement, default 5), HTTP_CLIENTS (default "8"; "8 32" also runs
+# 32 clients, reported as http-postgres-c32), LETHE_PG15_URL (admin URL), LETHE_BIN (time
+# this lethe binary instead of building one, e.g. an older commit's, for a before/after).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
+HTTP_CLIENTS=${HTTP_CLIENTS:-8}
 SECS=${SECS:-5}
 ADMIN=${LETHE_PG15_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 # Loopback: TLS would protect nothing here and costs the server and PostgreSQL ~8% CPU.
 PG="${ADMIN%/*}/lethe_gate_bench?sslmode=disable"
-cargo build --release --locked --quiet -p lethe-cli
+[ -n "${LETHE_BIN:-}" ] || cargo build --release --locked --quiet -p lethe-cli
 cargo build --release --locked --quiet -p lethe-server --example gate_bench
-LETHE=$PWD/target/release/lethe
+LETHE=${LETHE_BIN:-$PWD/target/release/lethe}
 DRIVER=$PWD/target/release/examples/gate_bench
 mkdir -p bench/out
 OUT=$PWD/bench/out/gate-$(date -u +%Y%m%dT%H%M%SZ).jsonl
@@ -53,9 +58,30 @@ for _ in $(seq 100); do grep -q Listening "$WORK/serve.out" 2>/dev/null && break
 ADDR=$(sed -n 's#Listening on http://##p' "$WORK/serve.out")
 [ -n "$ADDR" ] || { cat "$WORK/serve.err" >&2; exit 1; }
 
+# What autovacuum does between a deployment's bursts, done here before each PostgreSQL
+# measurement: the machine's PostgreSQL 15 runs with autovacuum off, and without it the permit
+# rows every round leaves behind (dead after their release) made each round slower than the
+# last (PostgreSQL's CPU per HTTP cycle grew by about 40% a round).
+vacuum() { psql "$PG" -qc "VACUUM ANALYZE" >/dev/null; }
 run() { # label, driver args...
   local label=$1; shift
   "$DRIVER" "$@" | python3 -c "import json,sys; d=json.load(sys.stdin); d['label']='$label'; d['load']=open('/proc/loadavg').read().split()[0]; print(json.dumps(d))" | tee -a "$OUT"
+}
+run_http() { # clients; like run, with the CPU of each program per cycle (microseconds)
+  local label=http-postgres
+  [ "$1" = 8 ] || label=http-postgres-c$1
+  python3 bench/gate/cpu.py 1 $((SECS > 2 ? SECS - 2 : 1)) > "$WORK/cpu.json" &
+  local cpu=$!
+  "$DRIVER" http "$ADDR" "$TOKEN" "$1" "$SECS" > "$WORK/http.json"
+  wait "$cpu"
+  python3 - "$WORK/http.json" "$WORK/cpu.json" "$label" <<'PY' | tee -a "$OUT"
+import json, sys
+d = json.load(open(sys.argv[1])); cpu = json.load(open(sys.argv[2]))
+d['label'] = sys.argv[3]; d['load'] = open('/proc/loadavg').read().split()[0]
+n = d['cycles_per_s']
+d['cpu_us_per_cycle'] = {k: round(cpu.get(k, 0) / n * 1e6) for k in ('postgres', 'lethe', 'gate_bench')}
+print(json.dumps(d))
+PY
 }
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for r in $(seq "$ROUNDS"); do
@@ -63,9 +89,9 @@ for r in $(seq "$ROUNDS"); do
   rm -f "$WORK/mem.db" "$WORK/inproc.db"
   run memory memory "sqlite:$WORK/mem.db" "$SECS"
   run inproc-sqlite inproc "sqlite:$WORK/inproc.db" "$SECS"
-  run inproc-postgres inproc "$PG" "$SECS"
-  run http-postgres http "$ADDR" "$TOKEN" 8 "$SECS"
-  run floor-postgres floor "$PG" 8 "$SECS"
+  vacuum; run inproc-postgres inproc "$PG" "$SECS"
+  for c in $HTTP_CLIENTS; do vacuum; run_http "$c"; done
+  vacuum; run floor-postgres floor "$PG" 8 "$SECS"
   run freeze-postgres freeze "$PG" 300
   run revocation-push revocation "$ADDR" "$TOKEN" "$PG" 100
 done
@@ -84,5 +110,6 @@ for label, rs in by.items():
     print(f"{label:18} {statistics.median(c):14,.0f} ({min(c):,.0f}-{max(c):,.0f}) {p50:9.1f} {p99:9.1f}  {','.join(r['load'] for r in rs)}")
 http = statistics.median(r["cycles_per_s"] for r in by["http-postgres"])
 floor = statistics.median(r["cycles_per_s"] for r in by["floor-postgres"])
-print(f"\nhttp / floor = {http / floor:.2f}; results in {sys.argv[1]}")
+cpu = {k: statistics.median(r["cpu_us_per_cycle"][k] for r in by["http-postgres"]) for k in ("postgres", "lethe", "gate_bench")}
+print(f"\nhttp / floor = {http / floor:.2f}; CPU per HTTP cycle (us, median): {cpu}; results in {sys.argv[1]}")
 PY

@@ -66,15 +66,18 @@ impl GateError {
 /// The gate's statements on PostgreSQL: one call each of the functions in schema.rs. Public
 /// for `lethe serve`, which runs them on its own asynchronous connections.
 pub mod pg {
-    /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT) -> permit id or refusal code`.
-    pub const TAKE_PERMIT: &str = "SELECT lethe_take_permit($1, $2, $3)";
+    /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT) -> permit id or refusal code`: a batch of
+    /// one.
+    pub const TAKE_PERMIT: &str =
+        "SELECT (lethe_gate_batch(ARRAY[$1::BIGINT], ARRAY[$2::TEXT], $3, '{}', '{}'))[1]";
+    /// `(lease_ids BIGINT[], sinks TEXT[], now_ms BIGINT, ended_permit_ids BIGINT[], states
+    /// TEXT[]) -> BIGINT[]`: permits taken and ended in one transaction (`lethe serve` batches
+    /// the requests that arrive while its connection is busy): for each take in order its
+    /// permit id or refusal code, then for each end 1, or 0 if the permit was not active.
+    pub const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5)";
+
     /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled') -> 1, or 0 if not active`.
     pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2)";
-    /// The same as a plain statement (rows changed: 1, or 0 if not active), for a session
-    /// that already runs with `synchronous_commit = off` (what `lethe_end_permit` sets for its
-    /// own transaction): no PL/pgSQL on the release path.
-    pub const END_PERMIT_PLAIN: &str =
-        "UPDATE permits SET state = $2 WHERE permit_id = $1 AND state = 'active'";
     /// `(tenant, subject, expires_ms BIGINT, reads JSON [[memory, version], ...])` ->
     /// `(lease_id, epoch, tenant_epoch)`, lease_id -5 when fenced.
     pub const TAKE_LEASE: &str =

@@ -578,6 +578,72 @@ fn two_operators_asking_at_once_get_one_job(st: Store) {
     assert_eq!(st.open().jobs().unwrap().len(), 1);
 }
 
+/// `lethe serve` sends the permit requests and releases that arrive together in one call of
+/// `lethe_gate_batch`: each request gets its own answer, in order, as if sent alone.
+#[test]
+fn postgres_gate_batch_answers_each_request_in_order_as_if_alone() {
+    let st = Store::postgres();
+    let j = st.open();
+    let ttl = Duration::from_secs(60);
+    let lease = |tn: &str, sb: &str, ttl| j.take_lease(NOW, &t(tn), &s(sb), &[], ttl).unwrap().id;
+    let (alice, bob, carol) = (
+        lease("acme", "alice", ttl),
+        lease("acme", "bob", ttl),
+        lease("globex", "carol", ttl),
+    );
+    let short = lease("globex", "dave", Duration::from_secs(1));
+    let held = j.take_permit(NOW, carol, Sink::Tool).unwrap().id;
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    j.freeze(AT, &a, None).unwrap();
+    let later = (NOW + Duration::from_secs(30)).unix_timestamp() * 1000;
+    let mut c = connect(&st.url()).unwrap();
+    let row = c
+        .query_one(
+            "SELECT lethe_gate_batch($1, $2, $3, $4, $5)",
+            &[
+                &vec![bob, alice, 999_999, bob, carol, short],
+                &vec!["tool", "state", "tool", "tool", "output", "tool"],
+                &later,
+                &vec![held, held, 424_242],
+                &vec!["released", "cancelled", "released"],
+            ],
+        )
+        .unwrap();
+    let r: Vec<i64> = row.get(0);
+    assert_eq!(r.len(), 9, "{r:?}");
+    // Takes: bob twice (two distinct permits), alice revoked (-2), no such lease (-1), carol,
+    // dave expired (-3).
+    assert!(r[0] > 0 && r[3] > 0 && r[4] > 0 && r[0] != r[3], "{r:?}");
+    assert_eq!((r[1], r[2], r[5]), (-2, -1, -3), "{r:?}");
+    // Ends: the first ends the permit, the second finds it ended, the third never existed.
+    assert_eq!(&r[6..], &[1, 0, 0], "{r:?}");
+    assert_eq!(
+        st.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {bob} AND state = 'active'"
+        )),
+        2
+    );
+    assert_eq!(
+        st.count(&format!(
+            "SELECT count(*) FROM permits WHERE permit_id = {held} AND state = 'released'"
+        )),
+        1,
+        "the first end in the batch decides how the permit ended"
+    );
+    assert_eq!(
+        st.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {alice}"
+        )),
+        0
+    );
+    // The journal's own single permit is a batch of one, with the same refusals.
+    assert!(matches!(
+        j.take_permit(NOW, alice, Sink::Tool),
+        Err(JournalError::Gate(GateError::Revoked))
+    ));
+    assert!(j.take_permit(NOW, bob, Sink::Tool).is_ok());
+}
+
 #[test]
 fn postgres_claims_are_exclusive_and_die_with_their_holder() {
     claims_are_exclusive_and_die_with_their_holder(Store::postgres());

@@ -4,8 +4,9 @@
 //! - Runtimes take a **lease** when they read memory, a **permit** at each acceptance point
 //!   (output, tool, state), release it when the boundary ends, and listen on the
 //!   **revocation stream** (server-sent events) to abort work when an erasure closes the fence.
-//! - Every gate call is one transaction on the control store ([`lethe_journal::Journal`]):
-//!   the in-process SQLite file of the embedded default, or the shared PostgreSQL. The server
+//! - Every gate call is a transaction on the control store ([`lethe_journal::Journal`]):
+//!   the in-process SQLite file of the embedded default, or the shared PostgreSQL, where the
+//!   permits taken and ended at the same time share one transaction (`pg.rs`). The server
 //!   keeps no gate state of its own, so several servers over one PostgreSQL journal are one gate,
 //!   and a restarted server has lost nothing.
 //! - Bearer tokens carry a role: `runtime` may use the gate, `operator` may also run jobs.

@@ -279,7 +279,68 @@ both!(
     shutdown_ends_revocation_streams,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
+    permits_of_many_scopes_while_three_freeze_at_once,
 );
+
+/// PostgreSQL ends the server's connections (a restart, a failover, an administrator): the
+/// requests in flight at that moment fail as `unavailable` (retryable), never as a refusal, and
+/// the next ones reconnect; the permits taken before and after are all registered and release.
+#[test]
+fn postgres_connections_cut_under_the_server_are_reopened() {
+    let env = Env::new(Backend::Postgres, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "bob", &[], 600_000).unwrap();
+    let before = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    let (base, db) = env.journal.rsplit_once('/').unwrap();
+    let mut admin =
+        postgres::Client::connect(&format!("{base}/postgres"), postgres::NoTls).unwrap();
+    let cut: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+              WHERE datname = $1 AND application_name = 'lethe-serve'",
+            &[&db],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        cut >= 2,
+        "the lease's and the permit's connections were cut ({cut})"
+    );
+    let mut taken = Vec::new();
+    let mut unavailable = 0;
+    while taken.len() < 3 {
+        match rt.take_permit(lease.lease_id, Sink::State) {
+            Ok(p) => taken.push(p),
+            Err(e) => {
+                assert_eq!(
+                    code(e),
+                    "unavailable",
+                    "a cut connection is retryable, not a refusal"
+                );
+                unavailable += 1;
+                assert!(unavailable < 10, "the server never reconnected");
+            }
+        }
+    }
+    for p in taken.iter().chain([&before]) {
+        rt.release_permit(*p).unwrap();
+    }
+    assert_eq!(env.permits_of(lease.lease_id), 4);
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {} AND state = 'released'",
+            lease.lease_id
+        )),
+        4
+    );
+    // Leases too (each of the server's lease connections reconnects on its first failure).
+    let mut failures = 0;
+    while let Err(e) = rt.take_lease("acme", "carol", &[], 60_000) {
+        assert_eq!(code(e), "unavailable");
+        failures += 1;
+        assert!(failures < 10, "the lease connections never reconnected");
+    }
+}
 
 fn permit_round_trip_roles_and_refusals(b: Backend) {
     let env = Env::new(b, Arc::new(SystemClock));
@@ -510,6 +571,124 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
     );
     let bob_total: u64 = results.iter().filter(|r| r.0 == "bob").map(|r| r.2).sum();
     assert!(bob_total > 0);
+}
+
+/// Permit traffic over seven subjects of three tenants (on PostgreSQL the server sends
+/// requests that arrive together in one transaction, scopes mixed) while two subjects and a
+/// whole tenant are erased at once: every erased scope refuses from its close on, nobody else
+/// is ever refused, and no request fails (a lock-order deadlock between a batch and a freeze
+/// would surface as `unavailable`).
+fn permits_of_many_scopes_while_three_freeze_at_once(b: Backend) {
+    const PER_SUBJECT: usize = 3;
+    let subjects = [
+        ("acme", "s0"),
+        ("acme", "s1"),
+        ("acme", "s2"),
+        ("globex", "s3"),
+        ("globex", "s4"),
+        ("initech", "s5"),
+        ("initech", "s6"),
+    ];
+    let erased = |tn: &str, sb: &str| {
+        (tn, sb) == ("acme", "s0") || (tn, sb) == ("globex", "s3") || tn == "initech"
+    };
+    let env = Env::new(b, Arc::new(SystemClock));
+    let stop = Arc::new(AtomicBool::new(false));
+    let granted = Arc::new(AtomicUsize::new(0));
+    let refused_workers = Arc::new(AtomicUsize::new(0));
+    let n_workers = subjects.len() * PER_SUBJECT;
+    let start = Arc::new(Barrier::new(n_workers + 1));
+    let workers: Vec<_> = (0..n_workers)
+        .map(|i| {
+            let (tn, sb) = subjects[i % subjects.len()];
+            let (addr, stop, granted, start, refused_workers) = (
+                env.addr.clone(),
+                Arc::clone(&stop),
+                Arc::clone(&granted),
+                Arc::clone(&start),
+                Arc::clone(&refused_workers),
+            );
+            std::thread::spawn(move || {
+                let c = Client::new(addr, RUNTIME);
+                let lease = c.take_lease(tn, sb, &[], 600_000).unwrap();
+                start.wait();
+                let (mut ok, mut ok_after_refusal, mut refused) = (0u64, 0u64, 0u64);
+                while !stop.load(SeqCst) {
+                    match c.take_permit(lease.lease_id, Sink::Tool) {
+                        Ok(p) => {
+                            ok += 1;
+                            granted.fetch_add(1, SeqCst);
+                            if refused > 0 {
+                                ok_after_refusal += 1;
+                            }
+                            c.release_permit(p).unwrap();
+                        }
+                        Err(e) => {
+                            assert_eq!(code(e), "revoked", "worker {i} ({tn}/{sb})");
+                            if refused == 0 {
+                                refused_workers.fetch_add(1, SeqCst);
+                            }
+                            refused += 1;
+                        }
+                    }
+                }
+                (tn, sb, lease.lease_id, ok, ok_after_refusal, refused)
+            })
+        })
+        .collect();
+    start.wait();
+    while granted.load(SeqCst) < 300 {
+        std::thread::yield_now();
+    }
+    let op = env.operator();
+    let mut jobs = Vec::new();
+    for body in [
+        json!({"tenant": "acme", "subject": "s0"}),
+        json!({"tenant": "globex", "subject": "s3"}),
+        json!({"tenant": "initech"}),
+    ] {
+        let mut body = body;
+        body["basis"] = json!("gdpr-art17");
+        body["ticket"] = json!("T-3");
+        body["drain_timeout_s"] = json!(30);
+        let v = op.create_job(&body).unwrap();
+        jobs.push(v["job_id"].as_str().unwrap().to_string());
+    }
+    for job in &jobs {
+        env.wait_frozen(job);
+    }
+    let granted_at_close = granted.load(SeqCst);
+    let erased_workers = subjects.iter().filter(|(t, s)| erased(t, s)).count() * PER_SUBJECT;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while granted.load(SeqCst) < granted_at_close + 300
+        || refused_workers.load(SeqCst) < erased_workers
+    {
+        assert!(Instant::now() < deadline, "the workers never got there");
+        std::thread::yield_now();
+    }
+    stop.store(true, SeqCst);
+    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for job in &jobs {
+        let done = env.wait_job(job, |v| v["state"] == "COMPLETE" || v["state"] == "BLOCKED");
+        assert_eq!(done["state"], "COMPLETE", "{done}");
+    }
+    for (tn, sb, lease, ok, ok_after_refusal, refused) in &results {
+        assert_eq!(
+            *ok_after_refusal, 0,
+            "{tn}/{sb} got a permit after being refused"
+        );
+        if erased(tn, sb) {
+            assert!(*refused > 0, "{tn}/{sb} was refused after its close");
+        } else {
+            assert_eq!(*refused, 0, "{tn}/{sb} was never to be refused");
+            assert!(*ok > 0);
+        }
+        assert_eq!(
+            env.permits_of(*lease) as u64,
+            *ok,
+            "one permit row per permit granted"
+        );
+    }
 }
 
 fn a_permit_checked_after_the_close_is_refused_and_the_sink_admits_nothing(b: Backend) {
