@@ -253,6 +253,111 @@ impl Drop for Env {
     }
 }
 
+/// Runtime workers in a loop of take-permit, release, until stopped: each for one
+/// (tenant, subject), on its own lease and its own HTTP client. The only refusal a worker
+/// accepts is `revoked`; any other error fails the test.
+struct PermitWorkers {
+    stop: Arc<AtomicBool>,
+    granted: Arc<AtomicUsize>,
+    refused_workers: Arc<AtomicUsize>,
+    threads: Vec<std::thread::JoinHandle<WorkerReport>>,
+}
+
+/// What one worker saw.
+struct WorkerReport {
+    tenant: &'static str,
+    subject: &'static str,
+    lease: i64,
+    ok: u64,
+    ok_after_refusal: u64,
+    refused: u64,
+}
+
+impl PermitWorkers {
+    /// Starts one worker per entry of `scopes`; returns once every worker holds its lease.
+    fn start(addr: &str, scopes: &[(&'static str, &'static str)], sink: Sink) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let granted = Arc::new(AtomicUsize::new(0));
+        let refused_workers = Arc::new(AtomicUsize::new(0));
+        let start = Arc::new(Barrier::new(scopes.len() + 1));
+        let threads = scopes
+            .iter()
+            .enumerate()
+            .map(|(i, &(tenant, subject))| {
+                let (addr, stop, granted, start, refused_workers) = (
+                    addr.to_string(),
+                    Arc::clone(&stop),
+                    Arc::clone(&granted),
+                    Arc::clone(&start),
+                    Arc::clone(&refused_workers),
+                );
+                std::thread::spawn(move || {
+                    let c = Client::new(addr, RUNTIME);
+                    let lease = c.take_lease(tenant, subject, &[], 600_000).unwrap();
+                    start.wait();
+                    let (mut ok, mut ok_after_refusal, mut refused) = (0u64, 0u64, 0u64);
+                    while !stop.load(SeqCst) {
+                        match c.take_permit(lease.lease_id, sink) {
+                            Ok(p) => {
+                                ok += 1;
+                                granted.fetch_add(1, SeqCst);
+                                if refused > 0 {
+                                    ok_after_refusal += 1;
+                                }
+                                c.release_permit(p).unwrap();
+                            }
+                            Err(e) => {
+                                assert_eq!(code(e), "revoked", "worker {i} ({tenant}/{subject})");
+                                if refused == 0 {
+                                    refused_workers.fetch_add(1, SeqCst);
+                                }
+                                refused += 1;
+                            }
+                        }
+                    }
+                    WorkerReport {
+                        tenant,
+                        subject,
+                        lease: lease.lease_id,
+                        ok,
+                        ok_after_refusal,
+                        refused,
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        Self {
+            stop,
+            granted,
+            refused_workers,
+            threads,
+        }
+    }
+
+    fn granted(&self) -> usize {
+        self.granted.load(SeqCst)
+    }
+
+    /// Waits (bounded) until `n` more permits were granted, from now, and `refused` workers met
+    /// a refusal.
+    fn wait_for(&self, n: usize, refused: usize) {
+        let (target, deadline) = (self.granted() + n, Instant::now() + Duration::from_secs(60));
+        while self.granted() < target || self.refused_workers.load(SeqCst) < refused {
+            assert!(Instant::now() < deadline, "the workers never got there");
+            std::thread::yield_now();
+        }
+    }
+
+    fn stop(self) -> Vec<WorkerReport> {
+        self.stop.store(true, SeqCst);
+        self.threads
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect()
+    }
+}
+
 fn code(e: lethe_client::Error) -> String {
     e.code().unwrap_or("not a refusal").to_string()
 }
@@ -476,68 +581,19 @@ fn revocation_is_pushed_on_the_stream(b: Backend) {
 fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
     const WORKERS: usize = 32;
     let env = Env::new(b, Arc::new(SystemClock));
-    let stop = Arc::new(AtomicBool::new(false));
-    let granted = Arc::new(AtomicUsize::new(0));
-    let refused_workers = Arc::new(AtomicUsize::new(0));
-    let start = Arc::new(Barrier::new(WORKERS + 1));
     // Even workers run for alice (erased), odd ones for bob (must keep working).
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|i| {
-            let (addr, stop, granted, start, refused_workers) = (
-                env.addr.clone(),
-                Arc::clone(&stop),
-                Arc::clone(&granted),
-                Arc::clone(&start),
-                Arc::clone(&refused_workers),
-            );
-            std::thread::spawn(move || {
-                let c = Client::new(addr, RUNTIME);
-                let subject = if i % 2 == 0 { "alice" } else { "bob" };
-                let lease = c.take_lease("acme", subject, &[], 600_000).unwrap();
-                start.wait();
-                let (mut ok, mut ok_after_refusal, mut refused) = (0u64, 0u64, 0u64);
-                while !stop.load(SeqCst) {
-                    match c.take_permit(lease.lease_id, Sink::State) {
-                        Ok(p) => {
-                            ok += 1;
-                            granted.fetch_add(1, SeqCst);
-                            if refused > 0 {
-                                ok_after_refusal += 1;
-                            }
-                            c.release_permit(p).unwrap();
-                        }
-                        Err(e) => {
-                            assert_eq!(code(e), "revoked", "worker {i}");
-                            if refused == 0 {
-                                refused_workers.fetch_add(1, SeqCst);
-                            }
-                            refused += 1;
-                        }
-                    }
-                }
-                (subject, lease.lease_id, ok, ok_after_refusal, refused)
-            })
-        })
+    let scopes: Vec<_> = (0..WORKERS)
+        .map(|i| ("acme", if i % 2 == 0 { "alice" } else { "bob" }))
         .collect();
-    start.wait();
-    while granted.load(SeqCst) < 200 {
-        std::thread::yield_now();
-    }
+    let workers = PermitWorkers::start(&env.addr, &scopes, Sink::State);
+    workers.wait_for(200, 0);
     let job = env.erase("alice", 30);
     env.wait_frozen(&job);
     // The fence has closed: from here on, alice's leases must not gain a single permit row.
     let alice_at_close = env.permits_for("alice");
-    let granted_at_close = granted.load(SeqCst);
     // Bob's workers keep going, and every alice worker meets the closed fence (bounded).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while granted.load(SeqCst) < granted_at_close + 200
-        || refused_workers.load(SeqCst) < WORKERS / 2
-    {
-        assert!(Instant::now() < deadline, "the workers never got there");
-        std::thread::yield_now();
-    }
-    stop.store(true, SeqCst);
-    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    workers.wait_for(200, WORKERS / 2);
+    let results = workers.stop();
     let done = env.wait_job(&job, |v| {
         v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
     });
@@ -545,23 +601,24 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
         done["state"], "COMPLETE",
         "every permit from before the close drained: {done}"
     );
-    for (subject, lease, ok, ok_after_refusal, refused) in &results {
+    for w in &results {
+        let subject = w.subject;
         assert_eq!(
-            *ok_after_refusal, 0,
+            w.ok_after_refusal, 0,
             "a {subject} worker got a permit after being refused"
         );
-        if *subject == "alice" {
+        if subject == "alice" {
             assert!(
-                *refused > 0,
+                w.refused > 0,
                 "every alice worker was refused after the close"
             );
             assert_eq!(
-                env.permits_of(*lease) as u64,
-                *ok,
+                env.permits_of(w.lease) as u64,
+                w.ok,
                 "no permit row beyond those granted"
             );
         } else {
-            assert_eq!(*refused, 0, "bob was never refused");
+            assert_eq!(w.refused, 0, "bob was never refused");
         }
     }
     assert_eq!(
@@ -569,7 +626,11 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
         alice_at_close,
         "a permit was registered after the close"
     );
-    let bob_total: u64 = results.iter().filter(|r| r.0 == "bob").map(|r| r.2).sum();
+    let bob_total: u64 = results
+        .iter()
+        .filter(|w| w.subject == "bob")
+        .map(|w| w.ok)
+        .sum();
     assert!(bob_total > 0);
 }
 
@@ -593,61 +654,19 @@ fn permits_of_many_scopes_while_three_freeze_at_once(b: Backend) {
         (tn, sb) == ("acme", "s0") || (tn, sb) == ("globex", "s3") || tn == "initech"
     };
     let env = Env::new(b, Arc::new(SystemClock));
-    let stop = Arc::new(AtomicBool::new(false));
-    let granted = Arc::new(AtomicUsize::new(0));
-    let refused_workers = Arc::new(AtomicUsize::new(0));
-    let n_workers = subjects.len() * PER_SUBJECT;
-    let start = Arc::new(Barrier::new(n_workers + 1));
-    let workers: Vec<_> = (0..n_workers)
-        .map(|i| {
-            let (tn, sb) = subjects[i % subjects.len()];
-            let (addr, stop, granted, start, refused_workers) = (
-                env.addr.clone(),
-                Arc::clone(&stop),
-                Arc::clone(&granted),
-                Arc::clone(&start),
-                Arc::clone(&refused_workers),
-            );
-            std::thread::spawn(move || {
-                let c = Client::new(addr, RUNTIME);
-                let lease = c.take_lease(tn, sb, &[], 600_000).unwrap();
-                start.wait();
-                let (mut ok, mut ok_after_refusal, mut refused) = (0u64, 0u64, 0u64);
-                while !stop.load(SeqCst) {
-                    match c.take_permit(lease.lease_id, Sink::Tool) {
-                        Ok(p) => {
-                            ok += 1;
-                            granted.fetch_add(1, SeqCst);
-                            if refused > 0 {
-                                ok_after_refusal += 1;
-                            }
-                            c.release_permit(p).unwrap();
-                        }
-                        Err(e) => {
-                            assert_eq!(code(e), "revoked", "worker {i} ({tn}/{sb})");
-                            if refused == 0 {
-                                refused_workers.fetch_add(1, SeqCst);
-                            }
-                            refused += 1;
-                        }
-                    }
-                }
-                (tn, sb, lease.lease_id, ok, ok_after_refusal, refused)
-            })
-        })
+    let scopes: Vec<_> = (0..subjects.len() * PER_SUBJECT)
+        .map(|i| subjects[i % subjects.len()])
         .collect();
-    start.wait();
-    while granted.load(SeqCst) < 300 {
-        std::thread::yield_now();
-    }
+    let workers = PermitWorkers::start(&env.addr, &scopes, Sink::Tool);
+    workers.wait_for(300, 0);
     let op = env.operator();
     let mut jobs = Vec::new();
-    for body in [
+    for scope in [
         json!({"tenant": "acme", "subject": "s0"}),
         json!({"tenant": "globex", "subject": "s3"}),
         json!({"tenant": "initech"}),
     ] {
-        let mut body = body;
+        let mut body = scope;
         body["basis"] = json!("gdpr-art17");
         body["ticket"] = json!("T-3");
         body["drain_timeout_s"] = json!(30);
@@ -657,35 +676,28 @@ fn permits_of_many_scopes_while_three_freeze_at_once(b: Backend) {
     for job in &jobs {
         env.wait_frozen(job);
     }
-    let granted_at_close = granted.load(SeqCst);
-    let erased_workers = subjects.iter().filter(|(t, s)| erased(t, s)).count() * PER_SUBJECT;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while granted.load(SeqCst) < granted_at_close + 300
-        || refused_workers.load(SeqCst) < erased_workers
-    {
-        assert!(Instant::now() < deadline, "the workers never got there");
-        std::thread::yield_now();
-    }
-    stop.store(true, SeqCst);
-    let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let erased_workers = scopes.iter().filter(|(t, s)| erased(t, s)).count();
+    workers.wait_for(300, erased_workers);
+    let results = workers.stop();
     for job in &jobs {
         let done = env.wait_job(job, |v| v["state"] == "COMPLETE" || v["state"] == "BLOCKED");
         assert_eq!(done["state"], "COMPLETE", "{done}");
     }
-    for (tn, sb, lease, ok, ok_after_refusal, refused) in &results {
+    for w in &results {
+        let (tn, sb) = (w.tenant, w.subject);
         assert_eq!(
-            *ok_after_refusal, 0,
+            w.ok_after_refusal, 0,
             "{tn}/{sb} got a permit after being refused"
         );
         if erased(tn, sb) {
-            assert!(*refused > 0, "{tn}/{sb} was refused after its close");
+            assert!(w.refused > 0, "{tn}/{sb} was refused after its close");
         } else {
-            assert_eq!(*refused, 0, "{tn}/{sb} was never to be refused");
-            assert!(*ok > 0);
+            assert_eq!(w.refused, 0, "{tn}/{sb} was never to be refused");
+            assert!(w.ok > 0);
         }
         assert_eq!(
-            env.permits_of(*lease) as u64,
-            *ok,
+            env.permits_of(w.lease) as u64,
+            w.ok,
             "one permit row per permit granted"
         );
     }
