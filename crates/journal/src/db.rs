@@ -183,7 +183,39 @@ impl Tx for SqliteTx<'_> {
 
 // ------------------------------------------------------------------ PostgreSQL
 
-pub(crate) struct PgTx<'a, C: postgres::GenericClient>(pub(crate) &'a mut C);
+/// A transaction (or a plain connection) and the connection's prepared statements: each
+/// statement is parsed and planned once per connection, and then runs in one round trip
+/// instead of two (prepare, execute).
+pub(crate) struct PgTx<'a, C: postgres::GenericClient> {
+    pub(crate) client: &'a mut C,
+    pub(crate) prepared: &'a mut Prepared,
+}
+
+/// A connection's prepared statements, by their SQL text. The journal's statements are a fixed
+/// set (identifiers and values are always parameters), so this stays small; the bound is a
+/// guard only.
+#[derive(Default)]
+pub(crate) struct Prepared(std::collections::HashMap<String, postgres::Statement>);
+
+impl Prepared {
+    const MAX: usize = 512;
+
+    pub(crate) fn get<C: postgres::GenericClient>(
+        &mut self,
+        client: &mut C,
+        sql: &str,
+    ) -> Result<postgres::Statement, postgres::Error> {
+        if let Some(s) = self.0.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = client.prepare(sql)?;
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+}
 
 fn pg_params(params: &[V]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
     params
@@ -214,7 +246,8 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
         let p = pg_params(params);
         let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
             p.iter().map(|b| b.as_ref()).collect();
-        self.0.execute(sql, &refs).map_err(pg_err)
+        let stmt = self.prepared.get(self.client, sql).map_err(pg_err)?;
+        self.client.execute(&stmt, &refs).map_err(pg_err)
     }
 
     fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String> {
@@ -222,7 +255,8 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
         let p = pg_params(params);
         let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
             p.iter().map(|b| b.as_ref()).collect();
-        let rows = self.0.query(sql, &refs).map_err(pg_err)?;
+        let stmt = self.prepared.get(self.client, sql).map_err(pg_err)?;
+        let rows = self.client.query(&stmt, &refs).map_err(pg_err)?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let mut row = Vec::with_capacity(r.len());

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
-use db::{PgTx, SqliteTx, Tx};
+use db::{PgTx, Prepared, SqliteTx, Tx};
 
 pub use entry::Entry;
 
@@ -84,8 +84,9 @@ enum Backend {
     },
     Postgres {
         client: Mutex<postgres::Client>,
-        /// The gate's hot statements, prepared once on `client` (each saves a round trip).
-        prepared: Mutex<HashMap<&'static str, postgres::Statement>>,
+        /// Every statement, prepared once on `client` (each run saves a round trip and a
+        /// parse). Locked after `client`, never before.
+        prepared: Mutex<Prepared>,
         /// Kept to open a claim's own connection.
         settings: Box<lethe_postgres::Settings>,
     },
@@ -211,12 +212,21 @@ impl Journal {
                 tx.commit().map_err(|e| self.db(e.to_string()))?;
                 Ok(out)
             }
-            Backend::Postgres { client, .. } => {
+            Backend::Postgres {
+                client, prepared, ..
+            } => {
                 let mut client = lock(client);
+                let mut prepared = lock(prepared);
                 let mut tx = client.transaction().map_err(|e| self.db(db::pg_err(e)))?;
-                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PG_WRITE_LOCK])
+                let write_lock = prepared
+                    .get(&mut tx, "SELECT pg_advisory_xact_lock($1)")
                     .map_err(|e| self.db(db::pg_err(e)))?;
-                let out = f(&mut PgTx(&mut tx))?;
+                tx.execute(&write_lock, &[&PG_WRITE_LOCK])
+                    .map_err(|e| self.db(db::pg_err(e)))?;
+                let out = f(&mut PgTx {
+                    client: &mut tx,
+                    prepared: &mut prepared,
+                })?;
                 tx.commit().map_err(|e| self.db(db::pg_err(e)))?;
                 Ok(out)
             }
@@ -227,7 +237,12 @@ impl Journal {
     pub(crate) fn read<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
         match &self.backend {
             Backend::Sqlite { conn, .. } => f(&mut SqliteTx(&lock(conn))),
-            Backend::Postgres { client, .. } => f(&mut PgTx(&mut *lock(client))),
+            Backend::Postgres {
+                client, prepared, ..
+            } => f(&mut PgTx {
+                client: &mut *lock(client),
+                prepared: &mut lock(prepared),
+            }),
         }
     }
 
@@ -245,16 +260,9 @@ impl Journal {
             return Ok(None);
         };
         let mut client = lock(client);
-        let mut prepared = lock(prepared);
-        let stmt = match prepared.get(sql) {
-            Some(s) => s.clone(),
-            None => {
-                let s = client.prepare(sql).map_err(|e| self.db(db::pg_err(e)))?;
-                prepared.insert(sql, s.clone());
-                s
-            }
-        };
-        drop(prepared);
+        let stmt = lock(prepared)
+            .get(&mut *client, sql)
+            .map_err(|e| self.db(db::pg_err(e)))?;
         client
             .query(&stmt, params)
             .map(Some)

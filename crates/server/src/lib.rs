@@ -137,7 +137,9 @@ async fn sweep(
     every: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(every);
+    // The first sweep one period after the start, not at once: a sweep that ran whenever the
+    // runtime got to it raced the first requests (a test saw a just-released permit deleted).
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
