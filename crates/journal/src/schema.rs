@@ -1,6 +1,8 @@
 //! The control store's tables, one definition for both dialects. One version number;
 //! migrations are additive.
 
+use sha2::{Digest, Sha256};
+
 use crate::db::{Tx, V};
 
 const VERSION: i64 = 2;
@@ -288,17 +290,58 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n");
+    let functions: &[&str] = match dialect {
+        Dialect::Sqlite => &[],
+        Dialect::Postgres => &PG_GATE_FUNCTIONS,
+    };
+    // A store that records this exact schema needs no DDL. Skipping it matters on PostgreSQL,
+    // where every `CREATE OR REPLACE FUNCTION` rewrites the catalog and makes every other
+    // session (a running `lethe serve`) re-plan the gate functions, and each open paid for
+    // some 25 DDL statements. Any change to the text below changes the fingerprint.
+    let mut h = Sha256::new();
+    h.update(ddl.as_bytes());
+    for f in functions {
+        h.update(f.as_bytes());
+    }
+    let fingerprint = hex::encode(h.finalize());
+    let meta_exists = match dialect {
+        Dialect::Sqlite => tx
+            .row(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lethe_meta'",
+                &[],
+            )?
+            .is_some(),
+        Dialect::Postgres => {
+            tx.one(
+                "SELECT CAST(to_regclass('lethe_meta') IS NOT NULL AS INTEGER)",
+                &[],
+            )?
+            .i() == Some(1)
+        }
+    };
+    if meta_exists {
+        let recorded = tx.row(
+            "SELECT v FROM lethe_meta WHERE k = 'schema_fingerprint'",
+            &[],
+        )?;
+        if recorded.is_some_and(|r| r[0].text() == fingerprint) {
+            return Ok(());
+        }
+    }
     for stmt in ddl.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         tx.exec(stmt, &[])?;
     }
-    if let Dialect::Postgres = dialect {
-        for f in PG_GATE_FUNCTIONS {
-            tx.exec(f, &[])?;
-        }
+    for f in functions {
+        tx.exec(f, &[])?;
     }
     tx.exec(
         "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO NOTHING",
         &[V::T(VERSION.to_string())],
+    )?;
+    tx.exec(
+        "INSERT INTO lethe_meta (k, v) VALUES ('schema_fingerprint', $1) \
+         ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        &[V::T(fingerprint)],
     )?;
     Ok(())
 }

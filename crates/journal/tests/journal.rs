@@ -151,7 +151,42 @@ both!(
     two_operators_asking_at_once_get_one_job,
     an_inventory_of_many_locators_is_stored_whole_and_kept_on_a_second_put,
     the_sweep_keeps_what_a_drain_needs_and_deletes_the_rest,
+    a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated,
 );
+
+/// The schema's fingerprint is recorded; an open that finds it runs no DDL, an open that finds
+/// another (an older Lethe's schema) migrates and records the new one.
+fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(st: Store) {
+    drop(st.open());
+    let fingerprint =
+        "SELECT count(*) FROM lethe_meta WHERE k = 'schema_fingerprint' AND length(v) = 64";
+    assert_eq!(st.count(fingerprint), 1);
+    let index = match st {
+        Store::Sqlite(_) => {
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'fences_scope'"
+        }
+        Store::Postgres { .. } => {
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'fences_scope'"
+        }
+    };
+    assert_eq!(st.count(index), 1);
+    // Same fingerprint: the open runs no DDL, so a dropped index stays dropped.
+    st.raw("DROP INDEX fences_scope");
+    drop(st.open());
+    assert_eq!(
+        st.count(index),
+        0,
+        "an open with the recorded schema ran DDL"
+    );
+    // Another fingerprint (a store an older Lethe made): migrated, and the new one recorded.
+    st.raw("UPDATE lethe_meta SET v = 'older' WHERE k = 'schema_fingerprint'");
+    let j = st.open();
+    assert_eq!(st.count(index), 1, "the older schema was not migrated");
+    assert_eq!(st.count(fingerprint), 1);
+    // And the store works.
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    assert_eq!(j.freeze(AT, &a, None).unwrap().subject_epoch, Some(1));
+}
 
 fn t(s: &str) -> Tenant {
     Tenant::new(s).unwrap()
