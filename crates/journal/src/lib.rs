@@ -147,6 +147,9 @@ impl Journal {
         // Inventory locators are dropped at completion: overwrite them, do not just unlink.
         conn.pragma_update(None, "secure_delete", "ON")
             .map_err(err)?;
+        // Every statement is prepared once per connection, as on PostgreSQL: rusqlite keeps 16
+        // by default, fewer than one job uses, so they were prepared again and again.
+        conn.set_prepared_statement_cache_capacity(256);
         let writers = file_lock(path);
         let j = Self {
             backend: Backend::Sqlite {
