@@ -135,6 +135,12 @@ impl Journal {
             store: shown.clone(),
             message: e.to_string(),
         };
+        let writers = file_lock(path);
+        // Set up under this process's write lock of the file: switching a new file to WAL needs
+        // the file to itself, and SQLite answers "database is locked" at once, without its busy
+        // handler, when another connection of this process is in a transaction meanwhile (seen
+        // with eight threads opening one new file at once).
+        let setup = lock(&writers);
         let conn = rusqlite::Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -150,7 +156,7 @@ impl Journal {
         // Every statement is prepared once per connection, as on PostgreSQL: rusqlite keeps 16
         // by default, fewer than one job uses, so they were prepared again and again.
         conn.set_prepared_statement_cache_capacity(256);
-        let writers = file_lock(path);
+        drop(setup);
         let j = Self {
             backend: Backend::Sqlite {
                 conn: Mutex::new(conn),
