@@ -10,9 +10,9 @@
 //! alone, so batching adds no wait of its own; under load the batches grow instead of the
 //! number of transactions. Inside the call, the locks of every scope in the batch are taken
 //! first, then each request is checked and registered in a statement of its own, so the gate's
-//! guarantees are those of a single permit. Measured on 2 cores with 8 clients (bench/README.md,
-//! "Gate"): PostgreSQL's CPU per take-and-release fell by about 40%, and more workers (more
-//! transactions in flight, smaller batches) cost more than they gained.
+//! guarantees are those of a single permit. Measured on 2 cores (bench/README.md, "Gate"):
+//! PostgreSQL's CPU per take-and-release halved with 8 clients and fell to a third with 32, and
+//! more workers (more transactions in flight, smaller batches) cost more than they gained.
 //!
 //! Connections are opened lazily, one per slot, and reopened after PostgreSQL closed one; a
 //! slot's statements are prepared once per connection.
