@@ -4,7 +4,7 @@
 //! blocking path (a pooled synchronous connection on a blocking thread) spent most of its time
 //! switching threads.
 //!
-//! Permits taken and ended are **group-committed**: a worker task, with its own connection,
+//! Permits taken and ended are **group-committed**: one worker task, with its own connection,
 //! takes every request waiting in its queue and sends them in one call of `lethe_gate_batch`
 //! (one transaction, one WAL flush, one round trip). A request that finds the worker idle goes
 //! alone, so batching adds no wait of its own; under load the batches grow instead of the
@@ -26,13 +26,6 @@ use tokio_postgres::{Client, Statement};
 
 use crate::error::ApiError;
 
-/// Batch workers, each with its own connection. One makes the biggest batches: measured on 2
-/// cores, it cost PostgreSQL the least CPU per permit and gave the most permits a second with
-/// 32 clients (two workers: smaller batches, the same or less; bench/README.md, "Gate"). The
-/// price: while a freeze holds a scope's lock (a few milliseconds), a batch with a permit of
-/// that scope waits, and the requests queued behind it with it.
-const BATCH_WORKERS: usize = 1;
-
 /// The most requests one call carries.
 const MAX_BATCH: usize = 128;
 
@@ -50,8 +43,8 @@ struct Slots {
     /// Leases, round robin.
     leases: Vec<Slot>,
     next: AtomicUsize,
-    /// The batch workers', one each.
-    batch: Vec<Slot>,
+    /// The batch worker's.
+    batch: Slot,
 }
 
 /// A gate request waiting for its batch, and where its answer goes.
@@ -111,34 +104,25 @@ impl Slots {
 }
 
 /// Answers requests from `rx`, a batch at a time: the first request it waits for and
-/// everything queued behind it. Workers share `rx`; one waits on it while the others run their
-/// batches.
-async fn batch_worker(
-    slots: Arc<Slots>,
-    me: usize,
-    rx: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>,
-) {
-    loop {
-        let batch = {
-            let mut rx = rx.lock().await;
-            let Some(first) = rx.recv().await else {
-                return; // the server is gone
-            };
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
+/// everything queued behind it. One worker, so the batches are as big as the load makes them:
+/// measured on 2 cores, one cost PostgreSQL the least CPU per permit and gave the most permits a
+/// second with 32 clients (two workers: smaller batches, the same throughput or less;
+/// bench/README.md, "Gate"). The price: while a freeze holds a scope's lock (a few
+/// milliseconds), a batch with a permit of that scope waits, and the requests queued behind it.
+async fn batch_worker(slots: Arc<Slots>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
             }
-            batch
-        };
+        }
         // Takes first, then ends: the order of the function's results.
         let (takes, ends): (Vec<Waiting>, Vec<Waiting>) = batch
             .into_iter()
             .partition(|w| matches!(w.op, Op::Take { .. }));
-        let r = run_batch(&slots, &slots.batch[me], &takes, &ends).await;
-        match r {
+        match run_batch(&slots, &takes, &ends).await {
             Ok(results) if results.len() == takes.len() + ends.len() => {
                 let (took, ended) = results.split_at(takes.len());
                 for (w, &id) in takes.into_iter().zip(took) {
@@ -171,7 +155,6 @@ async fn batch_worker(
 /// One call of `lethe_gate_batch`: one transaction, one round trip.
 async fn run_batch(
     slots: &Slots,
-    slot: &Slot,
     takes: &[Waiting],
     ends: &[Waiting],
 ) -> Result<Vec<i64>, ApiError> {
@@ -196,7 +179,7 @@ async fn run_batch(
             states.push(state);
         }
     }
-    let c = slots.conn(slot).await?;
+    let c = slots.conn(&slots.batch).await?;
     let row = c
         .client
         .query_one(&c.gate_batch, &[&leases, &sinks, &now, &permits, &states])
@@ -213,13 +196,10 @@ impl PgGate {
             settings,
             leases: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-            batch: (0..BATCH_WORKERS).map(|_| Mutex::new(None)).collect(),
+            batch: Mutex::new(None),
         });
         let (queue, rx) = mpsc::unbounded_channel();
-        let rx = Arc::new(Mutex::new(rx));
-        for me in 0..slots.batch.len() {
-            tokio::spawn(batch_worker(Arc::clone(&slots), me, Arc::clone(&rx)));
-        }
+        tokio::spawn(batch_worker(Arc::clone(&slots), rx));
         Self { slots, queue }
     }
 
