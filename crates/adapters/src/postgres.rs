@@ -5,7 +5,7 @@
 //! `lethe-postgres`, which the journal uses too, so both connect the same way.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lethe_postgres::Settings;
@@ -56,11 +56,13 @@ pub(crate) fn conn_config(
     })
 }
 
-/// One lazily opened connection, reopened after an error.
+/// One lazily opened connection, reopened after an error. A clone shares the connection (an
+/// adapter and its guard use one; calls take turns on its lock).
+#[derive(Clone)]
 pub(crate) struct Conn {
     target: String,
     config: ConnConfig,
-    client: Mutex<Option<Client>>,
+    client: Arc<Mutex<Option<Client>>>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -77,7 +79,7 @@ impl Conn {
         Self {
             target: target.to_string(),
             config,
-            client: Mutex::new(None),
+            client: Arc::new(Mutex::new(None)),
         }
     }
 

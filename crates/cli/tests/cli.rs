@@ -422,8 +422,9 @@ fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
     assert_eq!(out["state"], "COMPLETE");
 }
 
-/// Starts an erase that pauses at `point`, SIGKILLs it there, and returns the job id.
-fn kill_at(env: &Env, point: &str) -> String {
+/// Starts an erase that pauses at `point` and returns it once it is there (it wrote the
+/// marker and blocks forever in the thread that reached the point).
+fn pause_at(env: &Env, point: &str) -> std::process::Child {
     let marker = env.path().join("paused");
     let _ = std::fs::remove_file(&marker);
     let mut child = env
@@ -434,7 +435,6 @@ fn kill_at(env: &Env, point: &str) -> String {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Wait for the process to reach the point (it writes the marker, then blocks forever).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !marker.exists() {
         assert!(
@@ -447,10 +447,52 @@ fn kill_at(env: &Env, point: &str) -> String {
         );
         std::thread::yield_now();
     }
+    child
+}
+
+/// Starts an erase that pauses at `point`, SIGKILLs it there, and returns the job id.
+fn kill_at(env: &Env, point: &str) -> String {
+    let mut child = pause_at(env, point);
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let (_, jobs) = env.json(&["jobs", "--json"]);
     jobs[0]["job_id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn targets_are_erased_at_once_so_a_stalled_target_holds_back_no_other() {
+    let env = Env::new(1);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    assert!(inv["memories"]["count"].as_u64().unwrap() > 0);
+    // The first target in the configuration stalls for good after its first batch. Run one
+    // after another, the second would never start; run at once, it finishes meanwhile.
+    let mut child = pause_at(&env, "after-batch-commit:checkpoints:1");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let now = env.inventory("acme", "alice");
+        if now["memories"]["count"] == 0 {
+            assert!(
+                now["checkpoints"]["count"].as_u64().unwrap() > 0,
+                "the stalled target is not finished"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "memories was not erased while checkpoints stalled: {now}"
+        );
+        // No sleep: each `lethe inventory` above is a process of its own and paces the loop.
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    for t in ["checkpoints", "memories"] {
+        assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
+    }
+    assert_eq!(env.others_rows(), others, "others untouched");
 }
 
 #[test]

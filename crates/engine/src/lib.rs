@@ -241,8 +241,22 @@ impl Engine {
     /// Probes every target; a store that is missing or of the wrong schema is an input error.
     /// An unreachable one is not: the job will block on it and can be resumed.
     fn probe_all(&self) -> Result<(), EngineError> {
-        for t in &self.targets {
-            match t.adapter.probe() {
+        // All at once: each probe opens its target's connection (a TLS handshake and a
+        // catalog query or two), which is most of a small job's start-up when done one after
+        // another. The first failure in configuration order is the one reported.
+        let probes: Vec<Result<(), AdapterError>> = std::thread::scope(|s| {
+            let running: Vec<_> = self
+                .targets
+                .iter()
+                .map(|t| s.spawn(|| t.adapter.probe()))
+                .collect();
+            running
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for p in probes {
+            match p {
                 Ok(()) | Err(AdapterError::Unavailable { .. }) => {}
                 Err(e) => return Err(input(e)),
             }

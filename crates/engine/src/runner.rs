@@ -59,6 +59,16 @@ enum Step {
     Blocked,
 }
 
+/// What one target's verification found.
+enum Checked {
+    /// The scope does not apply to the target (the recorded reason).
+    Exempt(String),
+    /// The adapter failed.
+    Failed(AdapterError),
+    /// Rows left for the scope (0: verified gone).
+    Residue(u64),
+}
+
 impl Engine {
     fn pause_point(&self, opts: &RunOptions, point: &str) {
         if let Some((at, marker)) = &opts.pause_at {
@@ -98,6 +108,38 @@ impl Engine {
             _ => BlockedReason::TargetFailed,
         };
         self.block(job, reason, Some(target), e.to_string())
+    }
+
+    /// Runs `work` on each of `targets` at once, one thread a target, and passes their
+    /// progress to `progress` on this thread as it comes. Returns the results in configuration
+    /// order. Targets are independent stores, so their inventories, erasures and verifications
+    /// overlap; each still journals before it acts, and a run killed mid-way resumes per target
+    /// (what one finished is journaled as finished). The journal serializes its own writes.
+    fn each_target<'t, T: Send>(
+        &self,
+        targets: Vec<&'t Target>,
+        progress: &mut dyn FnMut(Progress),
+        work: impl Fn(&'t Target, &dyn Fn(Progress)) -> T + Sync,
+    ) -> Vec<(&'t Target, T)> {
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel::<Progress>();
+            let work = &work;
+            let running: Vec<_> = targets
+                .into_iter()
+                .map(|t| {
+                    let tx = tx.clone();
+                    (t, s.spawn(move || work(t, &|p| drop(tx.send(p)))))
+                })
+                .collect();
+            drop(tx);
+            for p in rx {
+                progress(p);
+            }
+            running
+                .into_iter()
+                .map(|(t, h)| (t, h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
+                .collect()
+        })
     }
 
     /// Applies `f` to the database guard of every target that has one (LangGraph on
@@ -312,61 +354,83 @@ impl Engine {
         }
     }
 
-    /// Takes and journals the inventory of every applicable target not yet inventoried.
+    /// Takes and journals the inventory of every applicable target not yet inventoried, all
+    /// targets at once. An adapter error blocks the job on the first such target in
+    /// configuration order; the others' inventories are journaled and kept.
     fn take_inventories(
         &self,
         job: &JobRecord,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
         let scope = Self::frozen_scope(job);
+        let mut todo = Vec::new();
         for t in &self.targets {
-            if self.journal.progress(&job.job_id, &t.name)?.0.is_some() {
-                continue;
+            if self.journal.progress(&job.job_id, &t.name)?.0.is_none() {
+                todo.push(t);
             }
-            match t.adapter.check_scope(&scope).map_err(input)? {
-                Applicability::Exempt(reason) => {
-                    self.journal.record(
-                        &self.now_rfc3339(),
-                        &job.job_id,
-                        &Entry::TargetExempt {
-                            target: t.name.clone(),
-                            reason: reason.clone(),
-                        },
-                    )?;
+        }
+        let done = self.each_target(todo, progress, |t, report| {
+            self.inventory_target(job, &scope, t, report)
+        });
+        for (t, r) in done {
+            if let Some(e) = r? {
+                return self.block_on(&job.job_id, &t.name, e);
+            }
+        }
+        Ok(Step::Next)
+    }
+
+    /// One target's inventory, journaled. `Ok(Some(e))`: the adapter failed (not journaled).
+    fn inventory_target(
+        &self,
+        job: &JobRecord,
+        scope: &Scope,
+        t: &Target,
+        report: &dyn Fn(Progress),
+    ) -> Result<Option<AdapterError>, EngineError> {
+        match t.adapter.check_scope(scope).map_err(input)? {
+            Applicability::Exempt(reason) => {
+                self.journal.record(
+                    &self.now_rfc3339(),
+                    &job.job_id,
+                    &Entry::TargetExempt {
+                        target: t.name.clone(),
+                        reason: reason.clone(),
+                    },
+                )?;
+                self.journal.put_inventory(
+                    &self.now_rfc3339(),
+                    &job.job_id,
+                    &t.name,
+                    0,
+                    &[],
+                    self.key.locator_key().as_bytes(),
+                )?;
+                report(Progress::Exempt {
+                    target: t.name.clone(),
+                    reason,
+                });
+            }
+            Applicability::Applies => match t.adapter.inventory(scope) {
+                Ok(inv) => {
                     self.journal.put_inventory(
                         &self.now_rfc3339(),
                         &job.job_id,
                         &t.name,
-                        0,
-                        &[],
+                        inv.count,
+                        &inv.locators,
                         self.key.locator_key().as_bytes(),
                     )?;
-                    progress(Progress::Exempt {
+                    tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
+                    report(Progress::Inventoried {
                         target: t.name.clone(),
-                        reason,
+                        count: inv.count,
                     });
                 }
-                Applicability::Applies => match t.adapter.inventory(&scope) {
-                    Ok(inv) => {
-                        self.journal.put_inventory(
-                            &self.now_rfc3339(),
-                            &job.job_id,
-                            &t.name,
-                            inv.count,
-                            &inv.locators,
-                            self.key.locator_key().as_bytes(),
-                        )?;
-                        tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
-                        progress(Progress::Inventoried {
-                            target: t.name.clone(),
-                            count: inv.count,
-                        });
-                    }
-                    Err(e) => return self.block_on(&job.job_id, &t.name, e),
-                },
-            }
+                Err(e) => return Ok(Some(e)),
+            },
         }
-        Ok(Step::Next)
+        Ok(None)
     }
 
     fn step_frozen(
@@ -394,16 +458,18 @@ impl Engine {
         Ok(Step::Next)
     }
 
+    /// One target's erasure, journaled batch by batch. `Ok(Some(e))`: the adapter failed; what
+    /// it erased before is journaled.
     fn erase_target(
         &self,
         job: &JobRecord,
         t: &Target,
         opts: &RunOptions,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<Step, EngineError> {
+        report: &dyn Fn(Progress),
+    ) -> Result<Option<AdapterError>, EngineError> {
         let (inventoried, erased, _) = self.journal.progress(&job.job_id, &t.name)?;
         if erased.is_some() {
-            return Ok(Step::Next);
+            return Ok(None);
         }
         let Some((count, locators)) = self.journal.inventory(&job.job_id, &t.name)? else {
             return Err(EngineError::Journal(lethe_journal::JournalError::Corrupt(
@@ -421,7 +487,7 @@ impl Engine {
                     tracing::info!(job = %job.job_id, target = %t.name, locators = locators.len(), "Erased locators recorded in the database guard.")
                 }
                 Ok(false) => {}
-                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+                Err(e) => return Ok(Some(e)),
             }
         }
         self.journal.record(
@@ -438,7 +504,7 @@ impl Engine {
         for (i, batch) in locators.chunks(batch_size).enumerate() {
             let rows = match t.adapter.erase_batch(&scope, batch) {
                 Ok(n) => n,
-                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+                Err(e) => return Ok(Some(e)),
             };
             self.pause_point(opts, &format!("after-batch-commit:{}:{}", t.name, i + 1));
             self.journal.record(
@@ -451,7 +517,7 @@ impl Engine {
                 },
             )?;
             done += batch.len();
-            progress(Progress::Erased {
+            report(Progress::Erased {
                 target: t.name.clone(),
                 done,
                 total: locators.len(),
@@ -461,7 +527,7 @@ impl Engine {
         self.journal
             .set_progress(&job.job_id, &t.name, Some(count), None)?;
         tracing::info!(job = %job.job_id, target = %t.name, erased = count, "Target erased.");
-        Ok(Step::Next)
+        Ok(None)
     }
 
     fn step_deleting(
@@ -474,9 +540,15 @@ impl Engine {
         if let Step::Blocked = self.take_inventories(job, progress)? {
             return Ok(Step::Blocked);
         }
-        for t in &self.targets {
-            if let Step::Blocked = self.erase_target(job, t, opts, progress)? {
-                return Ok(Step::Blocked);
+        // All targets at once; an adapter error blocks the job on the first such target in
+        // configuration order, and what the others erased stays journaled.
+        let targets = self.targets.iter().collect();
+        let done = self.each_target(targets, progress, |t, report| {
+            self.erase_target(job, t, opts, report)
+        });
+        for (t, r) in done {
+            if let Some(e) = r? {
+                return self.block_on(&job.job_id, &t.name, e);
             }
         }
         self.pause_point(opts, "before-verify");
@@ -492,46 +564,29 @@ impl Engine {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
         let scope = Self::frozen_scope(job);
+        // All targets at once, then, in configuration order, the first failure or residue
+        // blocks the job.
+        let targets = self.targets.iter().collect();
+        let done = self.each_target(targets, progress, |t, report| {
+            self.verify_target(job, &scope, t, report)
+        });
         let mut records = BTreeMap::new();
-        for t in &self.targets {
-            let d = t.adapter.describe();
-            let applies = t.adapter.check_scope(&scope).map_err(input)?;
-            let (count, frozen) = self
-                .journal
-                .inventory(&job.job_id, &t.name)?
-                .unwrap_or_default();
-            let (status, reason) = match applies {
-                Applicability::Exempt(reason) => (TargetStatus::Exempt, Some(reason)),
-                Applicability::Applies => {
-                    let residue = match t.adapter.verify(&scope, &frozen) {
-                        Ok(n) => n,
-                        Err(e) => return self.block_on(&job.job_id, &t.name, e),
-                    };
-                    self.journal.record(
-                        &self.now_rfc3339(),
+        for (t, r) in done {
+            let (count, checked) = r?;
+            let (status, reason) = match checked {
+                Checked::Exempt(reason) => (TargetStatus::Exempt, Some(reason)),
+                Checked::Failed(e) => return self.block_on(&job.job_id, &t.name, e),
+                Checked::Residue(residue) if residue > 0 => {
+                    return self.block(
                         &job.job_id,
-                        &Entry::TargetVerified {
-                            target: t.name.clone(),
-                            residue,
-                        },
-                    )?;
-                    self.journal
-                        .set_progress(&job.job_id, &t.name, None, Some(residue))?;
-                    progress(Progress::Verified {
-                        target: t.name.clone(),
-                        residue,
-                    });
-                    if residue > 0 {
-                        return self.block(
-                            &job.job_id,
-                            BlockedReason::Residue,
-                            Some(&t.name),
-                            format!("{residue} rows left for the scope after the erase"),
-                        );
-                    }
-                    (TargetStatus::Done, None)
+                        BlockedReason::Residue,
+                        Some(&t.name),
+                        format!("{residue} rows left for the scope after the erase"),
+                    );
                 }
+                Checked::Residue(_) => (TargetStatus::Done, None),
             };
+            let d = t.adapter.describe();
             records.insert(
                 t.name.clone(),
                 TargetRecord {
@@ -591,6 +646,44 @@ impl Engine {
         }
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), "Job complete; certificate issued.");
         Ok(Step::Next)
+    }
+
+    /// One target's verification, journaled (`TargetVerified`); returns its inventoried count
+    /// and what the check found.
+    fn verify_target(
+        &self,
+        job: &JobRecord,
+        scope: &Scope,
+        t: &Target,
+        report: &dyn Fn(Progress),
+    ) -> Result<(u64, Checked), EngineError> {
+        let applies = t.adapter.check_scope(scope).map_err(input)?;
+        let (count, frozen) = self
+            .journal
+            .inventory(&job.job_id, &t.name)?
+            .unwrap_or_default();
+        let residue = match applies {
+            Applicability::Exempt(reason) => return Ok((count, Checked::Exempt(reason))),
+            Applicability::Applies => match t.adapter.verify(scope, &frozen) {
+                Ok(n) => n,
+                Err(e) => return Ok((count, Checked::Failed(e))),
+            },
+        };
+        self.journal.record(
+            &self.now_rfc3339(),
+            &job.job_id,
+            &Entry::TargetVerified {
+                target: t.name.clone(),
+                residue,
+            },
+        )?;
+        self.journal
+            .set_progress(&job.job_id, &t.name, None, Some(residue))?;
+        report(Progress::Verified {
+            target: t.name.clone(),
+            residue,
+        });
+        Ok((count, Checked::Residue(residue)))
     }
 
     fn error_codes(&self, job: &str, target: &str) -> Result<Vec<String>, EngineError> {

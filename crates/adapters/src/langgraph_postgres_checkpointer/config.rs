@@ -118,13 +118,15 @@ impl Config {
         let registry = self
             .registry
             .map(|(c, r)| (c.map(|c| Conn::new(target, c)), r));
+        // The guard shares the adapter's connection: one connection a database, not two.
+        let conn = Conn::new(target, self.conn);
         Checkpointer::new(
             target,
-            Conn::new(target, self.conn.clone()),
+            conn.clone(),
             self.schema,
             registry,
             self.metadata,
-            Conn::new(target, self.conn),
+            conn,
         )
     }
 }

@@ -49,12 +49,8 @@ impl Config {
 
     /// Builds the adapter. Connects to nothing.
     pub fn build(self, name: &str) -> Store {
-        Store::new(
-            name,
-            Conn::new(name, self.conn.clone()),
-            &self.schema,
-            self.template,
-            Conn::new(name, self.conn),
-        )
+        // The guard shares the adapter's connection: one connection a database, not two.
+        let conn = Conn::new(name, self.conn);
+        Store::new(name, conn.clone(), &self.schema, self.template, conn)
     }
 }
