@@ -282,6 +282,19 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
         assert_eq!((s.triggers, s.triggers_needed), (n, n));
         assert_eq!(s.fenced_subjects + s.erased_threads + s.erased_items, 0);
     }
+    // An older guard is brought up to date in place by installing again, its state kept.
+    c.batch_execute(
+        "UPDATE lethe_guard.meta SET value = '1' WHERE key = 'version';
+         INSERT INTO lethe_guard.erased_thread VALUES (lethe_guard.thread_digest('old'))",
+    )
+    .unwrap();
+    assert_eq!(guard(&cp).status().unwrap().version.as_deref(), Some("1"));
+    guard(&cp).install().unwrap();
+    let s = guard(&cp).status().unwrap();
+    assert_eq!(
+        (s.version.as_deref(), s.erased_threads),
+        (Some(lethe_adapters::GUARD_VERSION), 1)
+    );
     // Uninstalling one target keeps the schema for the other; the second removes everything.
     guard(&st).uninstall().unwrap();
     assert!(!guard(&st).status().unwrap().installed);

@@ -67,6 +67,19 @@ fn print(rows: &[(String, GuardStatus)], json: bool) {
         ]);
     }
     t.print();
+    for (n, s) in rows {
+        if let Some(v) = s
+            .version
+            .as_deref()
+            .filter(|v| *v != lethe_adapters::GUARD_VERSION)
+        {
+            eprintln!(
+                "Target {n}: its database has guard version {v}; this lethe installs version {}. \
+                 `lethe guard install --target {n}` updates it in place (fences and erased lists kept).",
+                lethe_adapters::GUARD_VERSION
+            );
+        }
+    }
 }
 
 /// Runs one `guard` command; returns the exit code.

@@ -1,4 +1,4 @@
--- Lethe's database guard for LangGraph on PostgreSQL, version 1. Run in one transaction by
+-- Lethe's database guard for LangGraph on PostgreSQL, version 2. Run in one transaction by
 -- `lethe guard install`; every statement is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
 -- REPLACE), so installing twice changes nothing. Everything lives in schema `lethe_guard`
 -- except the triggers, which `lethe_guard.attach` creates on LangGraph's tables.
@@ -371,5 +371,5 @@ BEGIN
                    coalesce((SELECT string_agg(quote_literal(x), ', ' ORDER BY n) FROM unnest(args) WITH ORDINALITY AS u(x, n)), ''));
 END $$;
 
-INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '1')
+INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '2')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
