@@ -132,8 +132,10 @@ def timed(cmd: list[str], cwd: str) -> tuple[float, int, str, str, int]:
 
 
 def phases(stderr: str, started: float) -> dict:
-    """Seconds per phase from `lethe -v` log timestamps (UTC): each interval is named by the
-    log line that ends it ("inventory checkpoints", "erase memories", ...)."""
+    """Seconds per phase from `lethe -v` log timestamps (UTC): each interval is counted in the
+    phase of the log line that ends it. Targets run at once, so a phase is from the previous
+    phase's last line to its own last line ("inventory": every target's inventory), not a sum
+    of per-target times."""
     names = {"Job requested": "start_to_request", "Fence closed": "freeze", "Inventory taken": "inventory",
              "Target erased": "erase", "Job complete": "verify_and_certificate"}
     out, prev = {}, started
@@ -146,9 +148,7 @@ def phases(stderr: str, started: float) -> dict:
         if name is None:
             continue
         ts = dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.timezone.utc).timestamp()
-        tgt = re.search(r"target=(\S+)", line)
-        key = f"{name} {tgt.group(1)}" if tgt and name in ("inventory", "erase") else name
-        out[key] = round(ts - prev, 4)
+        out[name] = round(out.get(name, 0.0) + ts - prev, 4)
         prev = ts
     return out
 
