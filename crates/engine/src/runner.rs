@@ -501,21 +501,32 @@ impl Engine {
         // A target may erase more per call than a SQL transaction should hold (Redis: one
         // pipelined UNLINK per key, no transaction); each batch is still journaled after it.
         let batch_size = t.adapter.batch_size().unwrap_or(self.batch_size);
+        let batches = locators.len().div_ceil(batch_size);
         for (i, batch) in locators.chunks(batch_size).enumerate() {
             let rows = match t.adapter.erase_batch(&scope, batch) {
                 Ok(n) => n,
                 Err(e) => return Ok(Some(e)),
             };
             self.pause_point(opts, &format!("after-batch-commit:{}:{}", t.name, i + 1));
-            self.journal.record(
-                &self.now_rfc3339(),
-                &job.job_id,
-                &Entry::BatchErased {
-                    target: t.name.clone(),
-                    locators: batch.len() as u64,
-                    rows,
-                },
-            )?;
+            let entry = Entry::BatchErased {
+                target: t.name.clone(),
+                locators: batch.len() as u64,
+                rows,
+            };
+            if i + 1 == batches {
+                // The last batch and the target's erased mark: one commit.
+                self.journal.record_with_progress(
+                    &self.now_rfc3339(),
+                    &job.job_id,
+                    &entry,
+                    &t.name,
+                    Some(count),
+                    None,
+                )?;
+            } else {
+                self.journal
+                    .record(&self.now_rfc3339(), &job.job_id, &entry)?;
+            }
             done += batch.len();
             report(Progress::Erased {
                 target: t.name.clone(),
@@ -524,8 +535,10 @@ impl Engine {
             });
             self.pause_point(opts, &format!("after-batch-journal:{}:{}", t.name, i + 1));
         }
-        self.journal
-            .set_progress(&job.job_id, &t.name, Some(count), None)?;
+        if batches == 0 {
+            self.journal
+                .set_progress(&job.job_id, &t.name, Some(count), None)?;
+        }
         tracing::info!(job = %job.job_id, target = %t.name, erased = count, "Target erased.");
         Ok(None)
     }
@@ -669,16 +682,17 @@ impl Engine {
                 Err(e) => return Ok((count, Checked::Failed(e))),
             },
         };
-        self.journal.record(
+        self.journal.record_with_progress(
             &self.now_rfc3339(),
             &job.job_id,
             &Entry::TargetVerified {
                 target: t.name.clone(),
                 residue,
             },
+            &t.name,
+            None,
+            Some(residue),
         )?;
-        self.journal
-            .set_progress(&job.job_id, &t.name, None, Some(residue))?;
         report(Progress::Verified {
             target: t.name.clone(),
             residue,

@@ -431,16 +431,25 @@ impl Journal {
         erased: Option<u64>,
         residue: Option<u64>,
     ) -> Result<()> {
+        self.write(|tx| put_progress(tx, job_id, target, erased, residue))
+    }
+
+    /// [`Journal::record`] and [`Journal::set_progress`] in one transaction (one durable
+    /// commit instead of two): a target's last `batch_erased` with its erased count, or its
+    /// `target_verified` with its residue.
+    pub fn record_with_progress(
+        &self,
+        at: &str,
+        job_id: &str,
+        entry: &Entry,
+        target: &str,
+        erased: Option<u64>,
+        residue: Option<u64>,
+    ) -> Result<JobState> {
         self.write(|tx| {
-            tx.exec(
-                "INSERT INTO target_progress (job_id, target, erased, residue) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (job_id, target) DO UPDATE SET
-                   erased = coalesce(excluded.erased, target_progress.erased),
-                   residue = coalesce(excluded.residue, target_progress.residue)",
-                &[job_id.into(), target.into(), erased.into(), residue.into()],
-            )
-            .map_err(db)?;
-            Ok(())
+            let state = apply(tx, at, job_id, entry)?;
+            put_progress(tx, job_id, target, erased, residue)?;
+            Ok(state)
         })
     }
 
@@ -497,6 +506,24 @@ impl Journal {
 const INSERT_CHUNK: usize = 1_000;
 
 /// Inserts a target's frozen locators (unique, as an inventory's are) in multi-row `INSERT`s.
+fn put_progress(
+    tx: &mut dyn Tx,
+    job_id: &str,
+    target: &str,
+    erased: Option<u64>,
+    residue: Option<u64>,
+) -> Result<()> {
+    tx.exec(
+        "INSERT INTO target_progress (job_id, target, erased, residue) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (job_id, target) DO UPDATE SET
+           erased = coalesce(excluded.erased, target_progress.erased),
+           residue = coalesce(excluded.residue, target_progress.residue)",
+        &[job_id.into(), target.into(), erased.into(), residue.into()],
+    )
+    .map_err(db)?;
+    Ok(())
+}
+
 fn insert_locators(
     tx: &mut dyn Tx,
     job_id: &str,
