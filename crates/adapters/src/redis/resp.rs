@@ -393,6 +393,11 @@ impl Nodes {
     }
 
     /// The node that owns a slot.
+    /// Whether this is a cluster (keys of one command must then share a slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
     pub(crate) fn owner(&mut self, slot: u16) -> Result<Addr, String> {
         if !self.cluster {
             return Ok(self.seeds[0].clone());
