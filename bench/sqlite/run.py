@@ -178,18 +178,24 @@ def phases(stderr: str, started: float) -> dict:
         hits = [ts for mm, tt, ts in marks if mm.startswith(msg) and (tgt is None or tt == tgt)]
         return (hits[-1] if last else hits[0]) if hits else None
 
+    # Targets run at once: a phase ends with the last target's line, and each target's own
+    # time is from the phase's start to its line (they overlap).
     req, fence = at("Job requested"), at("Fence closed")
     inv_c, inv_s = at("Inventory taken", "checkpoints"), at("Inventory taken", "memories")
+    inv = max(inv_c, inv_s)
     er_c, er_s = at("Target erased", "checkpoints"), at("Target erased", "memories")
+    er = max(er_c, er_s)
     done = at("Job complete")
     p = {
         "start_to_request": req - started,
         "freeze": fence - req,
+        "inventory": inv - fence,
         "inventory_checkpoints": inv_c - fence,
-        "inventory_store": inv_s - inv_c,
-        "erase_checkpoints": er_c - inv_s,
-        "erase_store": er_s - er_c,
-        "verify_and_certificate": done - er_s,
+        "inventory_store": inv_s - fence,
+        "erase": er - inv,
+        "erase_checkpoints": er_c - inv,
+        "erase_store": er_s - inv,
+        "verify_and_certificate": done - er,
     }
     return {k: round(v, 4) for k, v in p.items()}
 
