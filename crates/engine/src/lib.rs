@@ -244,18 +244,7 @@ impl Engine {
         // All at once: each probe opens its target's connection (a TLS handshake and a
         // catalog query or two), which is most of a small job's start-up when done one after
         // another. The first failure in configuration order is the one reported.
-        let probes: Vec<Result<(), AdapterError>> = std::thread::scope(|s| {
-            let running: Vec<_> = self
-                .targets
-                .iter()
-                .map(|t| s.spawn(|| t.adapter.probe()))
-                .collect();
-            running
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect()
-        });
-        for p in probes {
+        for p in at_once(&self.targets, |t| t.adapter.probe()) {
             match p {
                 Ok(()) | Err(AdapterError::Unavailable { .. }) => {}
                 Err(e) => return Err(input(e)),
@@ -268,19 +257,22 @@ impl Engine {
     pub fn inventory(&self, scope: &Scope) -> Result<Vec<(String, TargetCount)>, EngineError> {
         let applies = self.check_scope(scope)?;
         self.probe_all()?;
+        // Every applicable target at once; the first failure in configuration order is the
+        // one reported.
+        let work: Vec<_> = self.targets.iter().zip(applies).collect();
+        let counts = at_once(&work, |(t, a)| match a {
+            Applicability::Exempt(why) => Ok(TargetCount {
+                count: 0,
+                exempt: Some(why.clone()),
+            }),
+            Applicability::Applies => t.adapter.inventory(scope).map(|i| TargetCount {
+                count: i.count,
+                exempt: None,
+            }),
+        });
         let mut out = Vec::new();
-        for (t, a) in self.targets.iter().zip(applies) {
-            let c = match a {
-                Applicability::Exempt(why) => TargetCount {
-                    count: 0,
-                    exempt: Some(why),
-                },
-                Applicability::Applies => TargetCount {
-                    count: t.adapter.inventory(scope).map_err(target_error)?.count,
-                    exempt: None,
-                },
-            };
-            out.push((t.name.clone(), c));
+        for ((t, _), c) in work.iter().zip(counts) {
+            out.push((t.name.clone(), c.map_err(target_error)?));
         }
         Ok(out)
     }
@@ -295,26 +287,27 @@ impl Engine {
     ) -> Result<Vec<(String, TargetCount)>, EngineError> {
         let applies = self.check_scope(scope)?;
         self.probe_all()?;
-        let mut out = Vec::new();
-        for (t, a) in self.targets.iter().zip(applies) {
-            let c = match a {
-                Applicability::Exempt(why) => TargetCount {
-                    count: 0,
-                    exempt: Some(why),
-                },
-                Applicability::Applies => {
-                    let mut count = t.adapter.verify(scope, &[]).map_err(target_error)?;
-                    if audit {
-                        count =
-                            count.max(t.adapter.audit(scope).map_err(target_error)?.unwrap_or(0));
-                    }
-                    TargetCount {
-                        count,
-                        exempt: None,
-                    }
+        // Every applicable target at once, as for `inventory`.
+        let work: Vec<_> = self.targets.iter().zip(applies).collect();
+        let counts = at_once(&work, |(t, a)| match a {
+            Applicability::Exempt(why) => Ok(TargetCount {
+                count: 0,
+                exempt: Some(why.clone()),
+            }),
+            Applicability::Applies => {
+                let mut count = t.adapter.verify(scope, &[])?;
+                if audit {
+                    count = count.max(t.adapter.audit(scope)?.unwrap_or(0));
                 }
-            };
-            out.push((t.name.clone(), c));
+                Ok(TargetCount {
+                    count,
+                    exempt: None,
+                })
+            }
+        });
+        let mut out = Vec::new();
+        for ((t, _), c) in work.iter().zip(counts) {
+            out.push((t.name.clone(), c.map_err(target_error)?));
         }
         Ok(out)
     }
@@ -460,4 +453,16 @@ fn random_hex(bytes: usize) -> Result<String, EngineError> {
     getrandom::getrandom(&mut b)
         .map_err(|e| EngineError::Input(format!("no OS randomness: {e}")))?;
     Ok(hex::encode(b))
+}
+
+/// `f` on every item at once, one thread an item; the results in the items' order.
+fn at_once<I: Sync, T: Send>(items: &[I], f: impl Fn(&I) -> T + Sync) -> Vec<T> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let running: Vec<_> = items.iter().map(|i| s.spawn(move || f(i))).collect();
+        running
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
