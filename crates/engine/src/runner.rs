@@ -9,7 +9,7 @@ use lethe_core::{BlockedReason, JobState, Scope, Version};
 use lethe_journal::jobs::JobRecord;
 use lethe_journal::Entry;
 
-use crate::{input, rfc3339, short, Engine, EngineError, Outcome, RunOptions};
+use crate::{at_once, input, rfc3339, short, Engine, EngineError, Outcome, RunOptions};
 
 /// What the runner reports as it goes, for progress output. No identifiers.
 #[derive(Debug, Clone)]
@@ -121,25 +121,25 @@ impl Engine {
         progress: &mut dyn FnMut(Progress),
         work: impl Fn(&'t Target, &dyn Fn(Progress)) -> T + Sync,
     ) -> Vec<(&'t Target, T)> {
-        std::thread::scope(|s| {
-            let (tx, rx) = std::sync::mpsc::channel::<Progress>();
-            let work = &work;
-            let running: Vec<_> = targets
-                .into_iter()
-                .map(|t| {
+        // `at_once` runs the targets on a thread of its own while this one passes their progress
+        // on; the channel closes when the last target's sender is dropped.
+        let (tx, rx) = std::sync::mpsc::channel::<Progress>();
+        let (work, all) = (&work, &targets);
+        let results = std::thread::scope(|s| {
+            let running = s.spawn(move || {
+                at_once(all, |t| {
                     let tx = tx.clone();
-                    (t, s.spawn(move || work(t, &|p| drop(tx.send(p)))))
+                    work(t, &move |p| drop(tx.send(p)))
                 })
-                .collect();
-            drop(tx);
+            });
             for p in rx {
                 progress(p);
             }
             running
-                .into_iter()
-                .map(|(t, h)| (t, h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))))
-                .collect()
-        })
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        });
+        targets.into_iter().zip(results).collect()
     }
 
     /// Applies `f` to the database guard of every target that has one (LangGraph on
@@ -388,7 +388,7 @@ impl Engine {
         t: &Target,
         report: &dyn Fn(Progress),
     ) -> Result<Option<AdapterError>, EngineError> {
-        match t.adapter.check_scope(scope).map_err(input)? {
+        let (count, locators, event) = match t.adapter.check_scope(scope).map_err(input)? {
             Applicability::Exempt(reason) => {
                 self.journal.record(
                     &self.now_rfc3339(),
@@ -398,38 +398,33 @@ impl Engine {
                         reason: reason.clone(),
                     },
                 )?;
-                self.journal.put_inventory(
-                    &self.now_rfc3339(),
-                    &job.job_id,
-                    &t.name,
-                    0,
-                    &[],
-                    self.key.locator_key().as_bytes(),
-                )?;
-                report(Progress::Exempt {
+                let event = Progress::Exempt {
                     target: t.name.clone(),
                     reason,
-                });
+                };
+                (0, Vec::new(), event)
             }
             Applicability::Applies => match t.adapter.inventory(scope) {
                 Ok(inv) => {
-                    self.journal.put_inventory(
-                        &self.now_rfc3339(),
-                        &job.job_id,
-                        &t.name,
-                        inv.count,
-                        &inv.locators,
-                        self.key.locator_key().as_bytes(),
-                    )?;
                     tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
-                    report(Progress::Inventoried {
+                    let event = Progress::Inventoried {
                         target: t.name.clone(),
                         count: inv.count,
-                    });
+                    };
+                    (inv.count, inv.locators, event)
                 }
                 Err(e) => return Ok(Some(e)),
             },
-        }
+        };
+        self.journal.put_inventory(
+            &self.now_rfc3339(),
+            &job.job_id,
+            &t.name,
+            count,
+            &locators,
+            self.key.locator_key().as_bytes(),
+        )?;
+        report(event);
         Ok(None)
     }
 
