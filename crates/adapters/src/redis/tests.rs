@@ -793,3 +793,26 @@ fn tls_with_the_wrong_ca_is_refused_touching_nothing() {
     assert_eq!(space.keys(), before, "nothing was touched");
     cleanup(&space);
 }
+
+/// A read polls the socket for a while before it sleeps (`POLL_BEFORE_SLEEP`). A reply slower
+/// than that (a Lua loop of tens of milliseconds) is still read whole, by the blocking read
+/// that follows the poll, and the connection stays usable for the next command: plain and TLS.
+#[test]
+fn a_reply_slower_than_the_read_poll_is_read_whole() {
+    for space in [Space::new(false), Space::tls()] {
+        let slow: &[u8] = b"local n = 0 for i = 1, 5000000 do n = n + 1 end return n";
+        let start = std::time::Instant::now();
+        let r = space.cmd(&[b"EVAL", slow, b"0"]);
+        let took = start.elapsed();
+        assert!(
+            took > Duration::from_millis(2),
+            "the reply took {took:?}: too fast to outlast the poll, so this test proves nothing"
+        );
+        assert_eq!(r.int(), Some(5_000_000));
+        for _ in 0..3 {
+            let r = space.cmd(&[b"ECHO", b"after the slow reply"]);
+            assert_eq!(r.bytes(), Some(&b"after the slow reply"[..]));
+        }
+        cleanup(&space);
+    }
+}
