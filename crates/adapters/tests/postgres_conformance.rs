@@ -676,6 +676,13 @@ fn sslmode_is_honoured_as_libpq_does_and_never_downgraded() {
             "certificate verify failed",
         );
     }
+    // No sslrootcert under verify-*: the system's roots, which do not know the throwaway CA.
+    for mode in ["verify-full", "verify-ca"] {
+        refused(
+            format!("{base}?sslmode={mode}"),
+            "certificate verify failed",
+        );
+    }
     // The certificate names 127.0.0.1, not 127.0.0.2: only verify-full checks the name.
     let other_host = base.replacen("@127.0.0.1:", "@127.0.0.2:", 1);
     assert_ne!(other_host, base, "the TLS server is at 127.0.0.1");

@@ -21,15 +21,16 @@
 //! trusts the system's roots (OpenSSL's default paths). Under `require`, `verify-ca` and
 //! `verify-full` a server that does not speak TLS is refused: nothing is ever downgraded.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+mod tls;
 
-use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
-use openssl::x509::store::X509StoreBuilder;
+pub use tls::POLL_BEFORE_SLEEP;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
 use openssl::x509::X509;
 use postgres::config::SslMode as DriverSslMode;
 use postgres::{Client, NoTls};
-use postgres_openssl::MakeTlsConnector;
 
 /// What is wrong with a connection URL or its TLS settings. Messages never hold a password.
 #[derive(Debug, thiserror::Error)]
@@ -109,7 +110,7 @@ pub struct Settings {
     driver_url: String,
     mode: SslMode,
     /// `None` under `disable`.
-    tls: Option<MakeTlsConnector>,
+    tls: Option<tls::Tls>,
     shown: String,
 }
 
@@ -211,7 +212,7 @@ impl Settings {
     pub fn connect(&self) -> Result<Client, postgres::Error> {
         match &self.tls {
             None => self.config.connect(NoTls),
-            Some(tls) => self.config.connect(tls.clone()),
+            Some(tls) => self.config.connect(tls.polling()),
         }
     }
 }
@@ -267,15 +268,9 @@ pub fn describe(e: &postgres::Error) -> String {
     out
 }
 
-/// The OpenSSL connector for a mode: which roots are trusted, and whether the chain and the
-/// host name are checked. Those are set per connection (in the callback) on one client context
-/// shared by the whole process: building a context loads the system's root bundle, which takes
-/// OpenSSL 3 about 18 ms here, and a job opens three or four connection settings.
-fn connector(
-    mode: SslMode,
-    root: Option<&str>,
-    base: &Path,
-) -> Result<MakeTlsConnector, SettingsError> {
+/// The TLS set-up for a mode: which roots are trusted (a `sslrootcert` file's, and no others,
+/// as libpq), and whether the chain and the host name are checked (`tls.rs`).
+fn connector(mode: SslMode, root: Option<&str>, base: &Path) -> Result<tls::Tls, SettingsError> {
     let tls = |e: openssl::error::ErrorStack| SettingsError::Tls(e.to_string());
     let own_roots: Option<Arc<Vec<X509>>> = match root {
         None | Some("system") => None,
@@ -304,37 +299,7 @@ fn connector(
         SslMode::VerifyCa => (true, false),
         SslMode::VerifyFull => (true, true),
     };
-    let mut make = MakeTlsConnector::new(shared_context().map_err(tls)?);
-    make.set_callback(move |c, _host| {
-        if check_chain {
-            c.set_verify(SslVerifyMode::PEER);
-            if let Some(roots) = &own_roots {
-                // These roots and no others, as libpq: a file names whom to trust.
-                let mut store = X509StoreBuilder::new()?;
-                for r in roots.iter() {
-                    store.add_cert(r.clone())?;
-                }
-                c.set_verify_cert_store(store.build())?;
-            }
-        } else {
-            c.set_verify(SslVerifyMode::NONE);
-        }
-        // On by default: the connector checks the host name (or IP address) it connects to.
-        c.set_verify_hostname(check_host);
-        Ok(())
-    });
-    Ok(make)
-}
-
-/// The process's one TLS client context (system roots, peer verification on by default; each
-/// connection's callback narrows or relaxes it). A cache of an immutable value, not state.
-fn shared_context() -> Result<SslConnector, openssl::error::ErrorStack> {
-    static CONTEXT: OnceLock<SslConnector> = OnceLock::new();
-    if let Some(c) = CONTEXT.get() {
-        return Ok(c.clone());
-    }
-    let built = SslConnector::builder(SslMethod::tls_client())?.build();
-    Ok(CONTEXT.get_or_init(|| built).clone())
+    tls::Tls::new(check_chain, check_host, own_roots).map_err(tls)
 }
 
 /// `%XX` escapes decoded (a path with a space is written `%20` in a URL); anything else kept.
@@ -402,6 +367,72 @@ mod tests {
             // Never Prefer: a server without TLS must be refused, not used in plain text.
             assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Require, "{m}");
             assert!(s.tls.is_some());
+        }
+    }
+
+    /// The number of trusted roots a mode's connections start from.
+    fn roots(url: &str) -> usize {
+        let s = parse(url).unwrap();
+        s.tls.unwrap().context_roots()
+    }
+
+    /// The system's bundle is loaded only for a mode that trusts it: `prefer` and `require`
+    /// never look at a root, and a `sslrootcert` file replaces them (it is added per
+    /// connection). Loading it took 26-45 ms of every process's start-up (`tls.rs`).
+    #[test]
+    fn system_roots_are_loaded_only_where_they_are_trusted() {
+        for q in ["", "?sslmode=prefer", "?sslmode=require"] {
+            assert_eq!(roots(&format!("postgres://u@h/db{q}")), 0, "{q}");
+        }
+        for q in [
+            "?sslmode=verify-full",
+            "?sslmode=verify-ca",
+            "?sslmode=verify-full&sslrootcert=system",
+        ] {
+            assert!(
+                roots(&format!("postgres://u@h/db{q}")) > 0,
+                "{q}: this machine has a system bundle (ca-certificates), so it must be loaded"
+            );
+        }
+    }
+
+    /// Over TLS, a synchronous connection polls for a while before it sleeps. A reply slower
+    /// than that is still read, by the sleep that follows, and the connection goes on: on the
+    /// TLS-only server `scripts/pg start-tls` runs (LETHE_PG_TLS_URL, LETHE_PG_TLS_CA).
+    #[test]
+    fn over_tls_a_reply_slower_than_the_poll_is_read_and_the_connection_goes_on() {
+        let url = std::env::var("LETHE_PG_TLS_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54319/postgres".into());
+        let ca = std::env::var("LETHE_PG_TLS_CA")
+            .unwrap_or_else(|_| "/var/tmp/lethe-pgtls.certs/ca.pem".into());
+        let s = parse(&format!("{url}?sslmode=verify-full&sslrootcert={ca}")).unwrap();
+        let mut c = s
+            .connect()
+            .expect("the TLS server (scripts/test starts it: scripts/pg start-tls)");
+        let tls: bool = c
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert!(
+            tls,
+            "the connection must be TLS for this test to mean anything"
+        );
+        let start = std::time::Instant::now();
+        let n: i32 = c
+            .query_one("SELECT 7 FROM pg_sleep(0.02)", &[])
+            .unwrap()
+            .get(0);
+        assert!(
+            start.elapsed() > POLL_BEFORE_SLEEP * 10,
+            "the reply outlasted the poll"
+        );
+        assert_eq!(n, 7);
+        for i in 0..50i32 {
+            let back: i32 = c.query_one("SELECT $1::int4", &[&i]).unwrap().get(0);
+            assert_eq!(back, i);
         }
     }
 
