@@ -89,7 +89,7 @@ impl Tls {
     /// How many certificates the shared context trusts before a connection adds its own.
     #[cfg(test)]
     pub(crate) fn context_roots(&self) -> usize {
-        self.ctx.cert_store().objects().len()
+        self.ctx.cert_store().all_certificates().len()
     }
 
     fn ssl(&self, domain: &str) -> Result<Ssl, ErrorStack> {
