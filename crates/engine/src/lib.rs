@@ -394,6 +394,8 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
+        // The claim's connection opens while the targets are probed and the job requested.
+        self.journal.prepare_claim();
         let (job_id, created) = self.request(req)?;
         let mut out = self.run(&job_id, opts, progress)?;
         out.continued = !created;
@@ -414,6 +416,7 @@ impl Engine {
             e => e.into(),
         })?;
         self.check_scope(&job.scope)?;
+        self.journal.prepare_claim();
         self.probe_all()?;
         self.run(job_id, opts, progress)
     }

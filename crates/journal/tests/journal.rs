@@ -734,7 +734,11 @@ fn claims_are_exclusive_and_die_with_their_holder(st: Store) {
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     j.freeze(AT, &a, None).unwrap();
     let other = st.open();
+    // Claims on a connection opened ahead (`prepare_claim`, as `lethe erase` does) and on
+    // one opened at the claim behave the same.
+    j.prepare_claim();
     let claim = j.claim(&a).unwrap().expect("the first claim wins");
+    other.prepare_claim();
     assert!(
         other.claim(&a).unwrap().is_none(),
         "a second process cannot claim a running job"
@@ -744,6 +748,7 @@ fn claims_are_exclusive_and_die_with_their_holder(st: Store) {
         "nor pick it up as abandoned work"
     );
     drop(claim); // the runner dies: its connection, and the row lock, go with it
+    other.prepare_claim();
     let next = other
         .claim_next()
         .unwrap()
