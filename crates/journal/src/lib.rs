@@ -232,14 +232,15 @@ impl Journal {
             } => {
                 let mut client = lock(client);
                 let mut prepared = lock(prepared);
-                let mut tx = client.transaction().map_err(|e| self.db(db::pg_err(e)))?;
-                let write_lock = prepared
-                    .get(&mut tx, "SELECT pg_advisory_xact_lock($1)")
-                    .map_err(|e| self.db(db::pg_err(e)))?;
-                tx.execute(&write_lock, &[&PG_WRITE_LOCK])
+                // The transaction and its write lock in one round trip (the simple protocol
+                // takes both statements in one message; the key is a constant). A journal
+                // entry is a handful of round trips, so this one is felt (bench/README.md).
+                let mut tx = OpenTx(Some(&mut *client));
+                tx.client()
+                    .batch_execute(PG_BEGIN_WRITE)
                     .map_err(|e| self.db(db::pg_err(e)))?;
                 let out = f(&mut PgTx {
-                    client: &mut tx,
+                    client: tx.client(),
                     prepared: &mut prepared,
                 })?;
                 tx.commit().map_err(|e| self.db(db::pg_err(e)))?;
@@ -338,6 +339,34 @@ fn file_lock(path: &Path) -> Arc<Mutex<()>> {
     let l = Arc::new(Mutex::new(()));
     locks.insert(key, Arc::downgrade(&l));
     l
+}
+
+/// Starts a write transaction on PostgreSQL: `BEGIN`, then the write lock ([`PG_WRITE_LOCK`]).
+const PG_BEGIN_WRITE: &str = "START TRANSACTION; SELECT pg_advisory_xact_lock(465558595685)";
+const _: () = assert!(PG_WRITE_LOCK == 465558595685);
+
+/// A write transaction opened by [`PG_BEGIN_WRITE`]: rolled back when dropped uncommitted (an
+/// error, or a panic), as `postgres::Transaction` would be.
+struct OpenTx<'a>(Option<&'a mut postgres::Client>);
+
+impl OpenTx<'_> {
+    fn client(&mut self) -> &mut postgres::Client {
+        self.0.as_deref_mut().expect("open until committed")
+    }
+
+    fn commit(mut self) -> std::result::Result<(), postgres::Error> {
+        let c = self.0.take().expect("open until committed");
+        c.batch_execute("COMMIT")
+    }
+}
+
+impl Drop for OpenTx<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            // A broken connection has no transaction left to roll back; its next use says so.
+            let _ = c.batch_execute("ROLLBACK");
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
