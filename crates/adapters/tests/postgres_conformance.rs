@@ -508,6 +508,70 @@ fn a_writer_during_the_erase_is_stopped_not_chased() {
 }
 
 #[test]
+fn a_thread_whose_checkpoints_name_two_owners_is_refused_and_nothing_is_touched() {
+    // One checkpoint of one of alice's threads says it is bob's (same tenant), or names another
+    // tenant: erasing alice's threads would erase it. The inventory refuses, naming no one.
+    for (v, metadata) in [
+        (15, r#"{"tenant_id": "acme", "user_id": "bob"}"#),
+        (18, r#"{"tenant_id": "globex", "user_id": "alice"}"#),
+    ] {
+        let srv = server(v);
+        let db = Db::new(&srv);
+        let case = CheckpointerCase {
+            db: &db,
+            adapter: checkpointer(&db),
+            threads: thread_owners(&srv.manifest),
+        };
+        let scope = subject_scope("acme", "alice");
+        let thread = case
+            .adapter
+            .adapter
+            .inventory(&scope)
+            .unwrap()
+            .locators
+            .iter()
+            .find(|(l, n)| l.starts_with("0:") && *n > 0)
+            .unwrap()
+            .0[2..]
+            .to_string();
+        let n = db
+            .client()
+            .execute(
+                "UPDATE checkpoints SET metadata = $2::text::jsonb
+                  WHERE (thread_id, checkpoint_ns, checkpoint_id) =
+                        (SELECT thread_id, checkpoint_ns, checkpoint_id FROM checkpoints
+                          WHERE thread_id = $1 ORDER BY checkpoint_id LIMIT 1)",
+                &[&thread, &metadata],
+            )
+            .unwrap();
+        assert_eq!(n, 1);
+        let before = case.snapshot();
+        // Refused for alice, and for the other owner, whose scope now reaches the thread
+        // through that checkpoint's metadata.
+        let other: serde_json::Value = serde_json::from_str(metadata).unwrap();
+        let other = subject_scope(
+            other["tenant_id"].as_str().unwrap(),
+            other["user_id"].as_str().unwrap(),
+        );
+        for s in [&scope, &other] {
+            match case.adapter.adapter.inventory(s) {
+                Err(AdapterError::Failed { why, .. }) => {
+                    assert!(
+                        why.contains("checkpoints whose metadata names another owner"),
+                        "{why}"
+                    );
+                    for id in ["alice", "bob", "acme", "globex"] {
+                        assert!(!why.contains(id), "no identifier in the error: {why}");
+                    }
+                }
+                other => panic!("PostgreSQL {v}: expected a refusal, got {other:?}"),
+            }
+        }
+        assert!(case.snapshot() == before, "PostgreSQL {v}: nothing touched");
+    }
+}
+
+#[test]
 fn identifiers_with_like_metacharacters_match_only_themselves() {
     // `u_0` as a raw LIKE pattern would match `u10`; `u%` would match everything under `a.u`.
     let srv = server(15);
