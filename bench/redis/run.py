@@ -164,6 +164,43 @@ def phases(stderr: str, started: float) -> dict:
     return {k: round(v, 4) for k, v in p.items()}
 
 
+def buckets(r, db: int) -> int | None:
+    """The main hash table's bucket count of db, from MEMORY STATS (Redis 7.0's formula: 40 bytes a
+    key plus 8 a bucket, both tables counted while a rehash runs); None if the formula does not fit."""
+    stats = r.memory_stats().get(f"db.{db}") or {}
+    main = stats.get("overhead.hashtable.main")
+    if main is None:
+        return None
+    rest = main - r.dbsize() * 40
+    return rest // 8 if rest > 0 and rest % 8 == 0 else None
+
+
+def wait_for_rehash(rss: dict, limit_s: float = 180.0) -> dict:
+    """Waits until no scratch db is in the middle of a rehash. Filling a db past a power of two
+    doubles its table, and Redis then moves the buckets over in small steps for tens of seconds,
+    looking every key up in both tables meanwhile: 5,000 lookups then cost Redis 3-6x more. A
+    keyspace at rest is not rehashing, so the runs wait for that. Returns how long it took per
+    size; a size whose bucket count cannot be read is reported and not waited for."""
+    out, t0 = {}, time.perf_counter()
+    pending = dict(rss)
+    while pending:
+        for size, rs in list(pending.items()):
+            n = buckets(rs, rs.connection_pool.connection_kwargs["db"])
+            if n is None or n & (n - 1) == 0:  # unknown, or one table (a power of two)
+                out[str(size)] = {"seconds": round(time.perf_counter() - t0, 1),
+                                  "buckets": n, "known": n is not None}
+                del pending[size]
+        if pending and time.perf_counter() - t0 > limit_s:
+            for size in pending:
+                out[str(size)] = {"seconds": None, "buckets": None, "known": True, "timed_out": True}
+            break
+        if pending:
+            time.sleep(0.5)
+    log("rehash: " + ", ".join(f"{k} keys {v['seconds']} s" + ("" if v["known"] else " (bucket count unknown)")
+                              for k, v in out.items()))
+    return out
+
+
 def loadavg() -> str:
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -564,6 +601,7 @@ def main() -> int:
                 log(f"db {fills[-1]['db']}: {filled} filler keys (+ {N_TARGET} target keys per run), filled in {fills[-1]['seconds']} s")
             mem = rss[sizes[0]].info("memory")
             fills.append({"redis_used_memory_mib": round(mem["used_memory"] / 2**20, 1)})
+            fills.append({"rehash_wait": wait_for_rehash(rss)})
             for i in range(a.index_runs):
                 order = sizes[i % len(sizes):] + sizes[:i % len(sizes)]
                 for size in order:
