@@ -94,8 +94,16 @@ enum Backend {
     },
 }
 
-/// A connection opening on its own thread.
-type Spare = std::thread::JoinHandle<std::result::Result<postgres::Client, postgres::Error>>;
+/// A connection opening on its own thread, and when it started.
+type Spare = (
+    std::time::Instant,
+    std::thread::JoinHandle<std::result::Result<postgres::Client, postgres::Error>>,
+);
+
+/// A spare connection older than this is closed rather than used: one left by a job that never
+/// reached its claim (a target failed its probe) may sit in a long-lived `lethe serve` for
+/// hours, through a server restart or an idle timeout.
+const SPARE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The control store. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Journal {
@@ -297,24 +305,37 @@ impl Journal {
             let mut spare = lock(spare);
             if spare.is_none() {
                 let settings = settings.clone();
-                *spare = Some(std::thread::spawn(move || settings.connect()));
+                *spare = Some((
+                    std::time::Instant::now(),
+                    std::thread::spawn(move || settings.connect()),
+                ));
             }
         }
     }
 
     /// A new connection to the same PostgreSQL store (for a claim), or `None` on SQLite. The
-    /// one [`Journal::prepare_claim`] opened, if any; if that one failed, a fresh attempt
-    /// (whose error is the one reported).
+    /// one [`Journal::prepare_claim`] opened, if it is recent and answers a round trip;
+    /// otherwise a fresh attempt (whose error is the one reported).
     pub(crate) fn pg_connect(&self) -> Result<Option<postgres::Client>> {
         match &self.backend {
             Backend::Sqlite { .. } => Ok(None),
             Backend::Postgres {
                 settings, spare, ..
             } => {
-                let ready = lock(spare).take().and_then(|h| h.join().ok());
+                // Taken under the lock, waited for outside it: a slow handshake must not hold
+                // up other threads' `prepare_claim`.
+                let taken = lock(spare).take();
+                let ready = taken
+                    .filter(|(at, _)| at.elapsed() < SPARE_MAX_AGE)
+                    .and_then(|(_, h)| h.join().ok()?.ok())
+                    // An idle client does not notice a server that closed it: ask once.
+                    .and_then(|mut c| {
+                        let alive = c.is_valid(std::time::Duration::from_secs(5)).is_ok();
+                        alive.then_some(c)
+                    });
                 match ready {
-                    Some(Ok(c)) if !c.is_closed() => Ok(Some(c)),
-                    _ => settings
+                    Some(c) => Ok(Some(c)),
+                    None => settings
                         .connect()
                         .map(Some)
                         .map_err(|e| self.db(db::pg_err(e))),

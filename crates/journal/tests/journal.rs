@@ -756,6 +756,48 @@ fn claims_are_exclusive_and_die_with_their_holder(st: Store) {
     assert_eq!(next.job_id, a);
 }
 
+/// A claim's connection opened ahead (`prepare_claim`) that the server has closed since, as
+/// a restart or an idle timeout would, is not handed to the claim: an idle client does not
+/// notice, so the claim would fail on its first statement. It is replaced by a fresh one.
+#[test]
+fn a_spare_claim_connection_the_server_closed_is_replaced() {
+    let st = Store::postgres();
+    let j = st.open();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    j.freeze(AT, &a, None).unwrap();
+    j.prepare_claim();
+    let mut admin = connect(&st.url()).unwrap();
+    let others = "FROM pg_stat_activity WHERE datname = current_database()
+                    AND pid <> pg_backend_pid() AND application_name = 'lethe-journal'";
+    let count = |c: &mut postgres::Client| -> i64 {
+        c.query_one(&format!("SELECT count(*) {others}"), &[])
+            .unwrap()
+            .get(0)
+    };
+    let start = std::time::Instant::now();
+    while count(&mut admin) < 2 {
+        assert!(start.elapsed().as_secs() < 20, "the spare never connected");
+        std::thread::yield_now();
+    }
+    // The newest of the journal's two connections is the spare.
+    let killed: bool = admin
+        .query_one(
+            &format!(
+                "SELECT pg_terminate_backend(pid) {others} ORDER BY backend_start DESC LIMIT 1"
+            ),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    while count(&mut admin) > 1 {
+        assert!(start.elapsed().as_secs() < 20, "the spare never went away");
+        std::thread::yield_now();
+    }
+    let claim = j.claim(&a).unwrap();
+    assert!(claim.is_some(), "claimed on a fresh connection");
+}
+
 #[test]
 fn postgres_is_the_shared_backend_and_sqlite_is_not() {
     assert!(Store::postgres().open().is_shared());
