@@ -18,8 +18,11 @@
 //!
 //! `sslrootcert=PATH` (PEM, relative to the config file's folder) is the only set of trusted
 //! roots when given; `sslrootcert=system`, or no `sslrootcert` under `verify-ca`/`verify-full`,
-//! trusts the system's roots (OpenSSL's default paths). Under `require`, `verify-ca` and
-//! `verify-full` a server that does not speak TLS is refused: nothing is ever downgraded.
+//! trusts the system's roots (OpenSSL's default paths). As in libpq 16, `sslrootcert=system`
+//! makes `verify-full` the default and refuses a weaker `sslmode`: any public CA can sign a
+//! certificate for some name, so system roots mean something only with the host name checked
+//! (or, explicitly, `verify-ca`). Under `require`, `verify-ca` and `verify-full` a server that
+//! does not speak TLS is refused: nothing is ever downgraded.
 
 mod tls;
 
@@ -44,6 +47,9 @@ pub enum SettingsError {
     /// `sslmode` has a value libpq does not know, or one Lethe cannot honour.
     #[error("url asks sslmode={0}, which is not one of disable, prefer, require, verify-ca, verify-full")]
     SslMode(String),
+    /// `sslrootcert=system` with a mode that would not check the chain against those roots.
+    #[error("url asks sslrootcert=system with sslmode={0}: the system's roots are trusted only under verify-full (the default with sslrootcert=system) or verify-ca, as libpq does")]
+    SystemRootsNeedVerify(String),
     /// A TLS option Lethe does not implement (client certificates, revocation lists...).
     #[error(
         "url option {0} is not supported (of the TLS options, Lethe reads sslmode and sslrootcert)"
@@ -130,13 +136,16 @@ impl Settings {
             return Err(SettingsError::NotPostgres);
         }
         let (head, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut mode = SslMode::Prefer;
+        let mut mode: Option<(SslMode, String)> = None;
         let mut root: Option<String> = None;
         let mut rest = Vec::new();
         for kv in query.split('&').filter(|kv| !kv.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
-                "sslmode" => mode = SslMode::parse(&percent_decode(v))?,
+                "sslmode" => {
+                    let v = percent_decode(v);
+                    mode = Some((SslMode::parse(&v)?, v));
+                }
                 "sslrootcert" => root = Some(percent_decode(v)),
                 // Left to the driver: it knows these.
                 "sslnegotiation" => rest.push(kv),
@@ -146,6 +155,15 @@ impl Settings {
                 _ => rest.push(kv),
             }
         }
+        let mode = match (mode, root.as_deref()) {
+            (None, Some("system")) => SslMode::VerifyFull,
+            (None, _) => SslMode::Prefer,
+            (Some((m @ (SslMode::VerifyCa | SslMode::VerifyFull), _)), _) => m,
+            (Some((_, given)), Some("system")) => {
+                return Err(SettingsError::SystemRootsNeedVerify(given))
+            }
+            (Some((m, _)), _) => m,
+        };
         let driver_url = if rest.is_empty() {
             head.to_string()
         } else {
@@ -434,6 +452,35 @@ mod tests {
             let back: i32 = c.query_one("SELECT $1::int4", &[&i]).unwrap().get(0);
             assert_eq!(back, i);
         }
+    }
+
+    #[test]
+    fn sslrootcert_system_means_verify_full_and_refuses_weaker_modes() {
+        // As libpq 16: system roots are only worth trusting with the chain checked.
+        let s = parse("postgres://u@h/db?sslrootcert=system").unwrap();
+        assert_eq!(s.ssl_mode(), SslMode::VerifyFull);
+        assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Require);
+        let s = parse("postgres://u@h/db?sslrootcert=system&sslmode=verify-ca").unwrap();
+        assert_eq!(s.ssl_mode(), SslMode::VerifyCa);
+        for m in ["disable", "prefer", "require"] {
+            // Either order of the options.
+            for url in [
+                format!("postgres://u@h/db?sslmode={m}&sslrootcert=system"),
+                format!("postgres://u@h/db?sslrootcert=system&sslmode={m}"),
+            ] {
+                match parse(&url) {
+                    Err(e @ SettingsError::SystemRootsNeedVerify(_)) => {
+                        assert!(e.to_string().contains(&format!("sslmode={m}")), "{e}")
+                    }
+                    other => panic!("{url}: expected a refusal, got {other:?}"),
+                }
+            }
+        }
+        // Without sslrootcert the default is still prefer.
+        assert_eq!(
+            parse("postgres://u@h/db").unwrap().ssl_mode(),
+            SslMode::Prefer
+        );
     }
 
     #[test]
