@@ -226,8 +226,31 @@ impl Settings {
         &self.shown
     }
 
-    /// Opens a connection with these settings.
+    /// Opens a connection with these settings, within `connect_timeout` when one is set.
+    ///
+    /// The driver's `connect_timeout` bounds only the TCP connect; libpq's bounds the whole
+    /// connection, TLS handshake, startup and authentication included. A server that accepts
+    /// and then says nothing (a hung backend behind a proxy, a black hole) would otherwise hang
+    /// the job, so the connection opens on a thread of its own and the caller stops waiting at
+    /// the deadline with a timeout error (retryable: the job blocks). That thread is left to
+    /// finish or fail on its own; what it opens late is closed.
     pub fn connect(&self) -> Result<Client, postgres::Error> {
+        let Some(limit) = self.config.get_connect_timeout().copied() else {
+            return self.connect_now();
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let this = self.clone();
+        std::thread::Builder::new()
+            .name("lethe-pg-connect".into())
+            .spawn(move || {
+                let _ = tx.send(this.connect_now());
+            })
+            .map_err(|_| postgres::Error::__private_api_timeout())?;
+        rx.recv_timeout(limit)
+            .unwrap_or_else(|_| Err(postgres::Error::__private_api_timeout()))
+    }
+
+    fn connect_now(&self) -> Result<Client, postgres::Error> {
         match &self.tls {
             None => self.config.connect(NoTls),
             Some(tls) => self.config.connect(tls.polling()),
@@ -252,17 +275,28 @@ impl Settings {
             c.password(pw);
         }
         c.application_name(application_name);
-        c.connect_timeout(std::time::Duration::from_secs(10));
-        match &self.tls {
-            None => {
-                let (client, conn) = c.connect(tokio_postgres::NoTls).await?;
-                Ok((client, Box::pin(conn)))
-            }
-            Some(tls) => {
-                let (client, conn) = c.connect(tls.clone()).await?;
-                Ok((client, Box::pin(conn)))
-            }
-        }
+        let limit = self
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(std::time::Duration::from_secs(10));
+        c.connect_timeout(limit);
+        // As in `connect`: the whole connection within the limit, not only its TCP connect.
+        let opened = async {
+            Ok::<_, tokio_postgres::Error>(match &self.tls {
+                None => {
+                    let (client, conn) = c.connect(tokio_postgres::NoTls).await?;
+                    (client, Box::pin(conn) as Connection)
+                }
+                Some(tls) => {
+                    let (client, conn) = c.connect(tls.clone()).await?;
+                    (client, Box::pin(conn) as Connection)
+                }
+            })
+        };
+        tokio::time::timeout(limit, opened)
+            .await
+            .unwrap_or_else(|_| Err(tokio_postgres::Error::__private_api_timeout()))
     }
 }
 
@@ -452,6 +486,64 @@ mod tests {
             let back: i32 = c.query_one("SELECT $1::int4", &[&i]).unwrap().get(0);
             assert_eq!(back, i);
         }
+    }
+
+    /// A server that accepts the TCP connection and never answers: the connection fails at
+    /// `connect_timeout`, whether it waits on the TLS request (`prefer`) or on the startup
+    /// (`disable`), where the driver alone would wait for ever.
+    #[test]
+    fn connect_timeout_bounds_the_whole_connection_not_only_tcp() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let held = std::thread::spawn(move || {
+            // Accept three connections and keep them open, saying nothing.
+            let a = silent.accept().unwrap();
+            let b = silent.accept().unwrap();
+            let c = silent.accept().unwrap();
+            (a, b, c)
+        });
+        for mode in ["prefer", "disable"] {
+            let s = parse(&format!(
+                "postgres://u@127.0.0.1:{port}/db?sslmode={mode}&connect_timeout=1"
+            ))
+            .unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let started = std::time::Instant::now();
+                let r = s.connect().map(|_| ());
+                let _ = tx.send((r, started.elapsed()));
+            });
+            let (r, took) = rx
+                .recv_timeout(std::time::Duration::from_secs(15))
+                .unwrap_or_else(|_| panic!("{mode}: still waiting after 15 s"));
+            let e = r.expect_err("nothing answered");
+            assert!(describe(&e).contains("timeout"), "{mode}: {}", describe(&e));
+            assert!(took < std::time::Duration::from_secs(5), "{mode}: {took:?}");
+        }
+        // The asynchronous connections (`lethe serve`) too.
+        let s = parse(&format!(
+            "postgres://u@127.0.0.1:{port}/db?sslmode=prefer&connect_timeout=1"
+        ))
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let r = rt.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(15),
+                s.connect_async("lethe-test"),
+            )
+            .await
+        });
+        let e = r
+            .expect("gave up by itself, not after 15 s")
+            .err()
+            .expect("nothing answered");
+        assert!(e.to_string().contains("timeout"), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        drop(held);
     }
 
     #[test]
