@@ -275,6 +275,16 @@ fn thread_owners(m: &serde_json::Value) -> HashMap<String, (String, String)> {
     out
 }
 
+/// The id of a checkpointer inventory's first thread that has rows (its locator is `0:<id>`).
+fn a_thread_with_rows(inv: &lethe_adapters::Inventory) -> String {
+    inv.locators
+        .iter()
+        .find(|(l, n)| l.starts_with("0:") && *n > 0)
+        .expect("a thread with rows")
+        .0[2..]
+        .to_string()
+}
+
 fn subject_scope(t: &str, s: &str) -> Scope {
     Scope::Subject {
         tenant: Tenant::new(t).unwrap(),
@@ -441,13 +451,7 @@ fn a_writer_during_the_erase_is_stopped_not_chased() {
         let cp = checkpointer(&db);
         let scope = subject_scope("acme", "alice");
         let inv = cp.adapter.inventory(&scope).unwrap();
-        let thread = inv
-            .locators
-            .iter()
-            .find(|(l, n)| l.starts_with("0:") && *n > 0)
-            .unwrap()
-            .0[2..]
-            .to_string();
+        let thread = a_thread_with_rows(&inv);
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = {
             let (url, stop, thread) = (db.url.clone(), stop.clone(), thread.clone());
@@ -523,17 +527,7 @@ fn a_thread_whose_checkpoints_name_two_owners_is_refused_and_nothing_is_touched(
             threads: thread_owners(&srv.manifest),
         };
         let scope = subject_scope("acme", "alice");
-        let thread = case
-            .adapter
-            .adapter
-            .inventory(&scope)
-            .unwrap()
-            .locators
-            .iter()
-            .find(|(l, n)| l.starts_with("0:") && *n > 0)
-            .unwrap()
-            .0[2..]
-            .to_string();
+        let thread = a_thread_with_rows(&case.adapter.adapter.inventory(&scope).unwrap());
         let n = db
             .client()
             .execute(
