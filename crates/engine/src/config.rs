@@ -7,7 +7,8 @@
 //! key_file = "lethe.key"                # created 0600 on first use
 //! policy_version = "2026-12"            # goes on every certificate
 //! certificates = "certificates"         # where signed certificates are written
-//! batch_size = 500                      # locators erased per transaction
+//! batch_size = 5000                     # at most this many locators per erase transaction
+//! batch_rows = 10000                    # and at most this many frozen rows (at least one locator)
 //!
 //! [[target]]
 //! name = "memories"
@@ -123,6 +124,7 @@ struct RawControl {
     policy_version: Option<String>,
     certificates: Option<PathBuf>,
     batch_size: Option<usize>,
+    batch_rows: Option<u64>,
 }
 
 /// A loaded, validated config.
@@ -138,8 +140,11 @@ pub struct Config {
     pub policy_version: String,
     /// Folder for signed certificates.
     pub certificates: PathBuf,
-    /// Locators per erase transaction.
+    /// At most this many locators per erase transaction.
     pub batch_size: usize,
+    /// At most this many frozen rows per erase transaction (a batch always takes at least one
+    /// locator, however many rows it has).
+    pub batch_rows: u64,
     /// The targets, in file order.
     pub targets: Vec<Target>,
     /// `[serve]`, for `lethe serve`.
@@ -174,10 +179,16 @@ impl Config {
             path: shown.into(),
             message,
         };
-        let batch_size = c.batch_size.unwrap_or(500);
+        let batch_size = c.batch_size.unwrap_or(5_000);
         if batch_size == 0 || batch_size > 100_000 {
             return Err(invalid(
                 "control.batch_size must be between 1 and 100000".into(),
+            ));
+        }
+        let batch_rows = c.batch_rows.unwrap_or(10_000);
+        if batch_rows == 0 || batch_rows > 10_000_000 {
+            return Err(invalid(
+                "control.batch_rows must be between 1 and 10000000".into(),
             ));
         }
         let mut names = BTreeSet::new();
@@ -248,6 +259,7 @@ impl Config {
             policy_version: c.policy_version.unwrap_or_else(|| "1".into()),
             certificates: resolve(c.certificates.unwrap_or_else(|| "certificates".into())),
             batch_size,
+            batch_rows,
             targets,
             serve,
         })

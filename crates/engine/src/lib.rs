@@ -147,6 +147,7 @@ pub struct Engine {
     policy_version: String,
     certificates: PathBuf,
     batch_size: usize,
+    batch_rows: u64,
     /// The in-process gate, once [`Engine::memory_gate`] installed it: freezes and drains then
     /// go through it, so they linearize with its permits.
     gate: Option<Arc<lethe_gate::MemoryGate>>,
@@ -191,6 +192,7 @@ impl Engine {
             policy_version: config.policy_version,
             certificates: config.certificates,
             batch_size: config.batch_size,
+            batch_rows: config.batch_rows,
             gate: None,
         })
     }

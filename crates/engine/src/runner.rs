@@ -495,9 +495,12 @@ impl Engine {
         let mut done = 0;
         // A target may erase more per call than a SQL transaction should hold (Redis: one
         // pipelined UNLINK per key, no transaction); each batch is still journaled after it.
-        let batch_size = t.adapter.batch_size().unwrap_or(self.batch_size);
-        let batches = locators.len().div_ceil(batch_size);
-        for (i, batch) in locators.chunks(batch_size).enumerate() {
+        let batches = match t.adapter.batch_size() {
+            Some(n) => locators.chunks(n).collect(),
+            None => batches(&locators, self.batch_size, self.batch_rows),
+        };
+        let batches_len = batches.len();
+        for (i, batch) in batches.into_iter().enumerate() {
             let rows = match t.adapter.erase_batch(&scope, batch) {
                 Ok(n) => n,
                 Err(e) => return Ok(Some(e)),
@@ -508,7 +511,7 @@ impl Engine {
                 locators: batch.len() as u64,
                 rows,
             };
-            if i + 1 == batches {
+            if i + 1 == batches_len {
                 // The last batch and the target's erased mark: one commit.
                 self.journal.record_with_progress(
                     &self.now_rfc3339(),
@@ -530,7 +533,7 @@ impl Engine {
             });
             self.pause_point(opts, &format!("after-batch-journal:{}:{}", t.name, i + 1));
         }
-        if batches == 0 {
+        if batches_len == 0 {
             self.journal
                 .set_progress(&job.job_id, &t.name, Some(count), None)?;
         }
@@ -750,5 +753,70 @@ impl Engine {
         // `residue` (rows written after the freeze, outside the frozen inventory) stays blocked
         // unless the operator chose `--reinventory` above.
         Ok(Step::Next)
+    }
+}
+
+/// Splits frozen locators, in order, into erase batches of at most `max_locators` locators and
+/// `max_rows` frozen rows each; a locator with more rows than `max_rows` is a batch of its own.
+/// What bounds a transaction is its rows (a checkpoint thread is tens of rows, a store item one),
+/// and a batch is a transaction and a journal commit, so fewer is faster.
+fn batches(
+    locators: &[(String, u64)],
+    max_locators: usize,
+    max_rows: u64,
+) -> Vec<&[(String, u64)]> {
+    let mut out = Vec::new();
+    let (mut start, mut rows) = (0, 0u64);
+    for (i, (_, n)) in locators.iter().enumerate() {
+        if i > start && (i - start >= max_locators || rows.saturating_add(*n) > max_rows) {
+            out.push(&locators[start..i]);
+            (start, rows) = (i, 0);
+        }
+        rows = rows.saturating_add(*n);
+    }
+    if start < locators.len() {
+        out.push(&locators[start..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::batches;
+
+    fn locs(rows: &[u64]) -> Vec<(String, u64)> {
+        rows.iter()
+            .enumerate()
+            .map(|(i, n)| (format!("l{i}"), *n))
+            .collect()
+    }
+
+    #[test]
+    fn batches_keep_order_cover_every_locator_once_and_respect_both_bounds() {
+        let l = locs(&[3, 3, 3, 1, 1, 1, 1, 9, 0, 0, 2]);
+        let b = batches(&l, 3, 6);
+        let sizes: Vec<(usize, u64)> = b
+            .iter()
+            .map(|b| (b.len(), b.iter().map(|(_, n)| n).sum()))
+            .collect();
+        // [3,3] [3,1,1] [1,1] [9] [0,0,2]
+        assert_eq!(sizes, vec![(2, 6), (3, 5), (2, 2), (1, 9), (3, 2)]);
+        let flat: Vec<_> = b.iter().flat_map(|b| b.iter()).cloned().collect();
+        assert_eq!(flat, l, "in order, each exactly once");
+        for (n, rows) in &sizes {
+            assert!(*n <= 3);
+            assert!(*rows <= 6 || *n == 1, "over the row bound only alone");
+        }
+    }
+
+    #[test]
+    fn batches_of_nothing_and_of_one_oversized_locator() {
+        assert!(batches(&[], 10, 10).is_empty());
+        let l = locs(&[50]);
+        assert_eq!(batches(&l, 10, 10), vec![&l[..]]);
+        // Row bounds off in effect: only the locator count splits.
+        let l = locs(&[1; 7]);
+        let b = batches(&l, 3, u64::MAX);
+        assert_eq!(b.iter().map(|b| b.len()).collect::<Vec<_>>(), vec![3, 3, 1]);
     }
 }
