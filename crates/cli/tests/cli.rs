@@ -658,6 +658,20 @@ fn no_identifier_reaches_a_log_line_or_the_certificate() {
     assert!(!stderr(&out).contains("alice"));
 }
 
+/// The journal's `batch_erased` entries, in order.
+fn batch_entries(env: &Env) -> Vec<Value> {
+    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    let mut stmt = c
+        .prepare("SELECT body FROM journal WHERE kind = 'batch_erased' ORDER BY seq")
+        .unwrap();
+    let out = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
+        .collect();
+    out
+}
+
 #[test]
 fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
     // A tiny row bound: batches split by rows, not by locators (1,000 allowed).
@@ -667,17 +681,12 @@ fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
     let before = env.others_rows();
     assert_eq!(code(&env.run(&ERASE_ALICE)), 0);
     assert_eq!(env.others_rows(), before, "every other subject kept");
-    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
-    let mut stmt = c
-        .prepare("SELECT body FROM journal WHERE kind = 'batch_erased' ORDER BY seq")
-        .unwrap();
-    let batches: Vec<Value> = stmt
-        .query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
-        .collect();
-    let of = |t: &str| batches.iter().filter(|b| b["target"] == t).count();
-    assert!(of("checkpoints") > 1 && of("memories") > 1, "{batches:?}");
+    let batches = batch_entries(&env);
+    let of = |b: &[Value], t: &str| b.iter().filter(|b| b["target"] == t).count();
+    assert!(
+        of(&batches, "checkpoints") > 1 && of(&batches, "memories") > 1,
+        "{batches:?}"
+    );
     for b in &batches {
         let (locators, rows) = (b["locators"].as_u64().unwrap(), b["rows"].as_u64().unwrap());
         assert!(
@@ -688,17 +697,17 @@ fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
     // With the defaults, alice's few hundred rows go in one batch a target.
     let env = Env::with_config(&CONFIG.replace("batch_size = BATCH\n", ""));
     assert_eq!(code(&env.run(&ERASE_ALICE)), 0);
-    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
-    let n: i64 = c
-        .query_row(
-            "SELECT count(*) FROM journal WHERE kind = 'batch_erased'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(n, 2, "one batch for each of the two targets");
-    // A bound of zero is bad input: exit 2, said plainly.
+    assert_eq!(env.others_rows(), before, "every other subject kept");
+    let batches = batch_entries(&env);
+    assert_eq!(
+        (of(&batches, "checkpoints"), of(&batches, "memories")),
+        (1, 1),
+        "{batches:?}"
+    );
+    // A bound of zero is bad input: exit 2, said plainly, nothing touched.
     let env = Env::with_config(&CONFIG.replace("batch_size = BATCH", "batch_rows = 0"));
+    let files = || MEMORY_FILES.map(|f| std::fs::read(env.path().join("memory").join(f)).unwrap());
+    let untouched = files();
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 2);
     assert!(
@@ -706,6 +715,7 @@ fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
         "{}",
         stderr(&out)
     );
+    assert!(files() == untouched, "bad input touches nothing");
 }
 
 #[test]
