@@ -95,6 +95,32 @@ pub(crate) trait Tx {
     fn is_postgres(&self) -> bool {
         false
     }
+    /// Inserts a target's frozen locators (unique, as an inventory's are) into `inventory`.
+    /// Multi-row `INSERT`s here; PostgreSQL overrides it with one statement of two arrays.
+    fn insert_locators(
+        &mut self,
+        job_id: &str,
+        target: &str,
+        locators: &[(String, u64)],
+    ) -> Result<(), String> {
+        use std::fmt::Write as _;
+        for chunk in locators.chunks(INSERT_CHUNK) {
+            let mut sql =
+                String::from("INSERT INTO inventory (job_id, target, locator, rows) VALUES ");
+            let mut params: Vec<V> = Vec::with_capacity(2 + 2 * chunk.len());
+            params.push(job_id.into());
+            params.push(target.into());
+            for (i, (loc, rows)) in chunk.iter().enumerate() {
+                let n = 3 + 2 * i;
+                let sep = if i == 0 { "" } else { ", " };
+                let _ = write!(sql, "{sep}($1, $2, ${n}, ${})", n + 1);
+                params.push(loc.as_str().into());
+                params.push((*rows).into());
+            }
+            self.exec(&sql, &params)?;
+        }
+        Ok(())
+    }
     /// The first row, if any.
     fn row(&mut self, sql: &str, params: &[V]) -> Result<Option<Row>, String> {
         Ok(self.rows(sql, params)?.into_iter().next())
@@ -106,6 +132,11 @@ pub(crate) trait Tx {
             .ok_or_else(|| "no row".to_string())
     }
 }
+
+/// Locators per multi-row `INSERT` of a frozen inventory (SQLite): two parameters a row plus
+/// two, far below SQLite's 32,766 parameters. One statement per chunk instead of one per
+/// locator.
+const INSERT_CHUNK: usize = 1_000;
 
 /// `$12` -> `?12`, outside string literals.
 pub(crate) fn to_sqlite(sql: &str) -> String {
@@ -248,6 +279,34 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
             p.iter().map(|b| b.as_ref()).collect();
         let stmt = self.prepared.get(self.client, sql).map_err(pg_err)?;
         self.client.execute(&stmt, &refs).map_err(pg_err)
+    }
+
+    /// One statement whatever the inventory's size: the locators and their rows as two arrays.
+    /// Measured on the PostgreSQL benchmark (2,000 store items): the multi-row `INSERT`s it
+    /// replaces spent about 4 ms parsing and binding 4,000 parameters and 5-9 ms executing,
+    /// on the job's critical path while the other targets' inventories ran.
+    fn insert_locators(
+        &mut self,
+        job_id: &str,
+        target: &str,
+        locators: &[(String, u64)],
+    ) -> Result<(), String> {
+        let (locs, rows): (Vec<&str>, Vec<i64>) = locators
+            .iter()
+            .map(|(l, n)| (l.as_str(), i64::try_from(*n).unwrap_or(i64::MAX)))
+            .unzip();
+        let stmt = self
+            .prepared
+            .get(
+                self.client,
+                "INSERT INTO inventory (job_id, target, locator, rows) \
+                 SELECT $1, $2, l, n FROM unnest($3::text[], $4::bigint[]) AS u(l, n)",
+            )
+            .map_err(pg_err)?;
+        self.client
+            .execute(&stmt, &[&job_id, &target, &locs, &rows])
+            .map_err(pg_err)?;
+        Ok(())
     }
 
     fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String> {

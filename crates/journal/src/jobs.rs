@@ -6,7 +6,7 @@ use lethe_core::{BlockedReason, Scope};
 use sha2::{Digest, Sha256};
 
 use crate::chain::{append, db};
-use crate::db::{Row, Tx, V};
+use crate::db::{Row, Tx};
 use crate::entry::Entry;
 use crate::{Journal, JournalError, Result};
 
@@ -350,7 +350,7 @@ impl Journal {
             if done.is_some() {
                 return Ok(());
             }
-            insert_locators(tx, job_id, target, locators).map_err(db)?;
+            tx.insert_locators(job_id, target, locators).map_err(db)?;
             tx.exec(
                 "INSERT INTO target_progress (job_id, target, inventoried) VALUES ($1, $2, $3)
                  ON CONFLICT (job_id, target) DO UPDATE SET inventoried = excluded.inventoried",
@@ -499,12 +499,6 @@ impl Journal {
     }
 }
 
-/// Locators per `INSERT` of a frozen inventory: two parameters a row plus two, far below
-/// SQLite's 32,766 and PostgreSQL's 65,535 parameters. One statement per chunk instead of one
-/// per locator: on PostgreSQL each statement is a round trip or two, and a subject's 2,000
-/// store items made 4,000 of them.
-const INSERT_CHUNK: usize = 1_000;
-
 /// Inserts a target's frozen locators (unique, as an inventory's are) in multi-row `INSERT`s.
 fn put_progress(
     tx: &mut dyn Tx,
@@ -521,29 +515,5 @@ fn put_progress(
         &[job_id.into(), target.into(), erased.into(), residue.into()],
     )
     .map_err(db)?;
-    Ok(())
-}
-
-fn insert_locators(
-    tx: &mut dyn Tx,
-    job_id: &str,
-    target: &str,
-    locators: &[Locator],
-) -> std::result::Result<(), String> {
-    use std::fmt::Write as _;
-    for chunk in locators.chunks(INSERT_CHUNK) {
-        let mut sql = String::from("INSERT INTO inventory (job_id, target, locator, rows) VALUES ");
-        let mut params: Vec<V> = Vec::with_capacity(2 + 2 * chunk.len());
-        params.push(job_id.into());
-        params.push(target.into());
-        for (i, (loc, rows)) in chunk.iter().enumerate() {
-            let n = 3 + 2 * i;
-            let sep = if i == 0 { "" } else { ", " };
-            let _ = write!(sql, "{sep}($1, $2, ${n}, ${})", n + 1);
-            params.push(loc.as_str().into());
-            params.push((*rows).into());
-        }
-        tx.exec(&sql, &params)?;
-    }
     Ok(())
 }
