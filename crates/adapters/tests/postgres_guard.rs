@@ -282,18 +282,31 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
         assert_eq!((s.triggers, s.triggers_needed), (n, n));
         assert_eq!(s.fenced_subjects + s.erased_threads + s.erased_items, 0);
     }
-    // An older guard is brought up to date in place by installing again, its state kept.
+    // An older guard is brought up to date in place by installing again, its state kept. A
+    // version 2 database has no `known` index of digests: made here as version 2 left it.
     c.batch_execute(
-        "UPDATE lethe_guard.meta SET value = '1' WHERE key = 'version';
+        "UPDATE lethe_guard.meta SET value = '2' WHERE key = 'version';
+         DROP TRIGGER known ON lethe_guard.subject_fence;
+         DROP TRIGGER known ON lethe_guard.tenant_fence;
+         DROP TRIGGER known ON lethe_guard.erased_thread;
+         DROP TRIGGER known ON lethe_guard.erased_item;
+         DROP FUNCTION lethe_guard.remember();
+         DROP TABLE lethe_guard.known;
          INSERT INTO lethe_guard.erased_thread VALUES (lethe_guard.thread_digest('old'))",
     )
     .unwrap();
-    assert_eq!(guard(&cp).status().unwrap().version.as_deref(), Some("1"));
+    assert_eq!(guard(&cp).status().unwrap().version.as_deref(), Some("2"));
     guard(&cp).install().unwrap();
     let s = guard(&cp).status().unwrap();
     assert_eq!(
         (s.version.as_deref(), s.erased_threads),
         (Some(lethe_adapters::GUARD_VERSION), 1)
+    );
+    // The thread erased under version 2 is in the new index, so its writes are still refused.
+    assert_eq!(
+        write(&mut c, "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) VALUES ('old', '', 'c1', '{}', '{}')", &[]),
+        Some("LT003".to_string()),
+        "a thread erased before the update stays refused"
     );
     // Uninstalling one target keeps the schema for the other; the second removes everything.
     guard(&st).uninstall().unwrap();
