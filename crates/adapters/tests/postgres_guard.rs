@@ -690,6 +690,113 @@ fn a_schema_name_that_needs_quoting_is_quoted(version: u32) {
     assert_eq!(left, 0);
 }
 
+/// A cluster role for one test, dropped at the end (after the test's database, which holds its
+/// privileges: declare it first).
+struct Role {
+    admin: String,
+    name: String,
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        if let Ok(mut c) = Client::connect(&self.admin, NoTls) {
+            let _ = c.batch_execute(&format!("DROP ROLE IF EXISTS {}", self.name));
+        }
+    }
+}
+
+/// The application usually connects as its own role, with rights on LangGraph's tables only.
+/// The guard must guard its writes (the triggers run as the installer's role), and the role
+/// must not be able to read or change the fence state.
+fn an_application_role_without_rights_on_the_guard_is_guarded(version: u32) {
+    let srv = server(version);
+    let role = Role {
+        admin: srv.admin.clone(),
+        name: format!(
+            "lethe_guard_app_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ),
+    };
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    guard(&cp).install().unwrap();
+    guard(&st).install().unwrap();
+    c.batch_execute(&format!(
+        "CREATE ROLE {r} LOGIN;
+         GRANT CONNECT ON DATABASE {d} TO {r};
+         GRANT USAGE ON SCHEMA public TO {r};
+         GRANT SELECT, INSERT, UPDATE ON checkpoints, checkpoint_blobs, checkpoint_writes, store TO {r};",
+        r = role.name,
+        d = db.name
+    ))
+    .unwrap();
+    let app_url = db.url.replacen("postgres@", &format!("{}@", role.name), 1);
+    assert_ne!(app_url, db.url, "the admin URL names user postgres");
+    let mut app = Client::connect(&app_url, NoTls).unwrap();
+
+    // Ordinary writes are admitted as before.
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"app-1", &"c1", &meta("acme", "bob", None)]
+        ),
+        None
+    );
+    assert_eq!(write(&mut app, PUT_BLOB, &[&"app-1", &"1"]), None);
+    assert_eq!(write(&mut app, PUT_WRITE, &[&"app-1", &"c1"]), None);
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_ITEM,
+            &[&"acme.bob.memories", &"app-k", &value(None)]
+        ),
+        None
+    );
+    // An erasure's fence refuses the application's writes for that subject, and only those.
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    assert!(guard(&cp).close(&f).unwrap());
+    let lt001 = Some("LT001".to_string());
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"app-2", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        lt001
+    );
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"app-k", &value(Some(1))]
+        ),
+        lt001
+    );
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_ITEM,
+            &[&"acme.bob.memories", &"app-k2", &value(None)]
+        ),
+        None
+    );
+    guard(&cp).open(&f).unwrap();
+    // The fence state is out of the application's reach.
+    let denied = Some("42501".to_string());
+    for sql in [
+        "SELECT count(*) FROM lethe_guard.subject_fence",
+        "DELETE FROM lethe_guard.known",
+        "UPDATE lethe_guard.subject_fence SET fenced = false",
+    ] {
+        assert_eq!(write(&mut app, sql, &[]), denied, "{sql}");
+    }
+    drop(app);
+}
+
 macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod pg15 { $( #[test] fn $name() { super::$name(15) } )* }
@@ -703,4 +810,5 @@ both!(
     refuses_fenced_erased_and_stale_writes_and_admits_current_ones,
     tenant_and_memory_scopes,
     a_schema_name_that_needs_quoting_is_quoted,
+    an_application_role_without_rights_on_the_guard_is_guarded,
 );

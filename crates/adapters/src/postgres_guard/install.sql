@@ -3,6 +3,12 @@
 -- REPLACE), so installing twice changes nothing. Everything lives in schema `lethe_guard`
 -- except the triggers, which `lethe_guard.attach` creates on LangGraph's tables.
 --
+-- The three trigger functions run as the role that installed the guard (SECURITY DEFINER,
+-- with search_path pinned to pg_catalog so that no object of the writer's can stand in for a
+-- built-in): an application connecting as its own role needs no privilege on `lethe_guard`,
+-- and cannot read or change the fence state. Without it, every write of such an application
+-- failed ("permission denied for schema lethe_guard"). Measured: +0-7 us a write.
+--
 -- Fence state holds no identifier: owners are SHA-256 digests of the tenant (and subject),
 -- erased threads and store items are digests of their ids. Refusals raise SQLSTATE `LT001`..
 -- `LT004` with messages that name no identifier.
@@ -215,7 +221,7 @@ END $$;
 -- `checkpoints`: TG_ARGV = (tenant key, subject key) of checkpoints.metadata ('' if none).
 -- The owner and the tokens travel in the metadata LangGraph copies from the run config.
 CREATE OR REPLACE FUNCTION lethe_guard.checkpoints_guard() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     t text;
     s text;
@@ -276,7 +282,7 @@ END $$;
 -- checkpoint rolls them back; a blob of an existing thread is attributed through one
 -- checkpoint of the thread, and refused while that owner's fence is closed.
 CREATE OR REPLACE FUNCTION lethe_guard.thread_rows_guard() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     md jsonb;
     d_thread bytea;
@@ -353,7 +359,7 @@ END $$;
 -- The owner is read from `prefix` exactly as the store adapter selects scopes; the tokens are
 -- the reserved top-level keys `lethe_epoch` / `lethe_tenant_epoch` of the item's value.
 CREATE OR REPLACE FUNCTION lethe_guard.store_guard() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     labels text[];
     a text;
