@@ -65,6 +65,13 @@ pub(crate) fn open_engine(config: &Path) -> Result<Engine, Exit> {
     Ok(Engine::open(cfg, Arc::new(SystemClock))?)
 }
 
+/// For a command that touches every target first (inventory, erase, resume, verify): the
+/// targets are probed while the journal opens.
+fn open_engine_probing(config: &Path) -> Result<Engine, Exit> {
+    let cfg = Config::load(config).map_err(bad)?;
+    Ok(Engine::open_probing(cfg, Arc::new(SystemClock))?)
+}
+
 fn pause_from_env() -> Option<(String, std::path::PathBuf)> {
     // Test-only fault injection; see RunOptions::pause_at.
     let at = std::env::var("LETHE_TEST_PAUSE_AT").ok()?;
@@ -220,7 +227,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         }
         Command::Inventory { scope, json } => {
             let scope = parse_scope(&scope)?;
-            let engine = open_engine(&config)?;
+            let engine = open_engine_probing(&config)?;
             let counts = engine.inventory(&scope)?;
             if json {
                 let targets: serde_json::Map<_, _> =
@@ -261,7 +268,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 })
                 .transpose()
                 .map_err(|_| bad("--deadline must be YYYY-MM-DD"))?;
-            let engine = open_engine(&config)?;
+            let engine = open_engine_probing(&config)?;
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
                 pause_at: pause_from_env(),
@@ -294,7 +301,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             reinventory,
             json,
         } => {
-            let engine = open_engine(&config)?;
+            let engine = open_engine_probing(&config)?;
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
                 pause_at: pause_from_env(),
@@ -336,7 +343,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         }
         Command::Verify { scope, audit, json } => {
             let scope = parse_scope(&scope)?;
-            let engine = open_engine(&config)?;
+            let engine = open_engine_probing(&config)?;
             let counts = engine.verify(&scope, audit)?;
             let clean = counts.iter().all(|(_, c)| c.count == 0);
             if json {

@@ -324,6 +324,38 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
 }
 
+/// A target that is not what its kind says (here the store target points at the app's registry
+/// file) is bad input: the erase and the inventory exit 2 naming the target, and nothing is
+/// journaled or touched. The targets are probed while the journal opens; the probe's verdict is
+/// the one the job request acts on.
+#[test]
+fn a_target_of_the_wrong_schema_exits_2_and_creates_no_job() {
+    let config = CONFIG
+        .replace("BATCH", "500")
+        .replace("path = \"memory/store.db\"", "path = \"memory/app.db\"");
+    let env = Env::with_config(&config);
+    let before = env.memory_bytes();
+    for args in [
+        &ERASE_ALICE[..],
+        &["inventory", "--tenant", "acme", "--subject", "alice"],
+    ] {
+        let out = env.run(args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("memories"),
+            "names the target: {}",
+            stderr(&out)
+        );
+        assert!(
+            !stderr(&out).contains("alice"),
+            "never echoes the identifier"
+        );
+    }
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+}
+
 #[test]
 fn bad_config_exits_2_and_says_what_to_fix() {
     let base = CONFIG.replace("BATCH", "500");
