@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The database guard's stale-writer fault test through real LangGraph (issue 5), on
 # PostgreSQL 15 and 18: a worker process that read acme/alice's memory before the erasure writes
-# after it with PostgresSaver.put, put_writes, a compiled graph and PostgresStore.put.
+# after it with PostgresSaver.put, put_writes, a compiled graph and PostgresStore.put. The worker
+# connects as its own role, with rights on LangGraph's tables only, as an application would.
 # Every write is refused by the database, the erased thread and item stay gone, a fresh run with
 # the new epoch writes again, and every other subject keeps every row byte for byte
 # (tests/e2e/guard_stale_writer.py says exactly what is checked).
@@ -27,14 +28,20 @@ meet() {
 }
 
 one() {
-    local admin=$1 work db url lethe_pid worker_pid job epoch rc
+    local admin=$1 work db url app app_url lethe_pid worker_pid job epoch rc
     work=$(mktemp -d)
     db="lethe_guard_e2e_$$_${RANDOM}"
     url="${admin%/*}/$db"
+    # The stale worker is the application: its own role, with rights on LangGraph's tables only
+    # (none on lethe_guard), as a deployment runs it. Lethe installs and runs as the admin.
+    app="lethe_e2e_app_$$_${RANDOM}"
+    app_url="${url/postgres@/$app@}"
     # One subshell per server (see the loop), so this cleanup runs when it exits, however.
     # shellcheck disable=SC2064
-    trap "[ -n \"\${lethe_pid:-}\" ] && kill -9 \$lethe_pid; [ -n \"\${worker_pid:-}\" ] && kill -9 \$worker_pid; psql -qX '$admin' -c 'DROP DATABASE IF EXISTS $db WITH (FORCE)' >/dev/null 2>&1; rm -rf '$work'" EXIT
-    psql -qX "$admin" -c "CREATE DATABASE $db TEMPLATE $TEMPLATE" >/dev/null
+    trap "[ -n \"\${lethe_pid:-}\" ] && kill -9 \$lethe_pid; [ -n \"\${worker_pid:-}\" ] && kill -9 \$worker_pid; psql -qX '$admin' -c 'DROP DATABASE IF EXISTS $db WITH (FORCE)' -c 'DROP ROLE IF EXISTS $app' >/dev/null 2>&1; rm -rf '$work'" EXIT
+    psql -qX "$admin" -c "CREATE DATABASE $db TEMPLATE $TEMPLATE" -c "CREATE ROLE $app LOGIN" >/dev/null
+    psql -qX "$url" -c "GRANT USAGE ON SCHEMA public TO $app" \
+        -c "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO $app" >/dev/null
     cat >"$work/lethe.toml" <<TOML
 [control]
 journal = "sqlite:journal.db"
@@ -59,7 +66,8 @@ TOML
     "$LETHE" --config "$work/lethe.toml" guard install --target memories --json >/dev/null
     mkfifo "$work/ready-a" "$work/go-b" "$work/ready-b" "$work/go-c" "$work/paused"
 
-    "$PY" tests/e2e/guard_stale_writer.py --dsn "$url" --dir "$work" >"$work/result.json" &
+    [ "$app_url" != "$url" ] || { echo "guard stale writer: the admin URL must name user postgres" >&2; return 1; }
+    "$PY" tests/e2e/guard_stale_writer.py --dsn "$app_url" --dir "$work" >"$work/result.json" &
     worker_pid=$!
     meet "$work/ready-a"                                 # phase A done: the stale run wrote
 
