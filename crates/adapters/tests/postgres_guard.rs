@@ -755,10 +755,12 @@ fn an_application_role_without_rights_on_the_guard_is_guarded(version: u32) {
         ),
         None
     );
-    // An erasure's fence refuses the application's writes for that subject, and only those.
+    // An erasure's fence refuses the application's writes for that subject, and only those;
+    // a refused write leaves every row of every subject as it was.
     let s = scope("acme", "alice");
     let f = Fence::of(&s, Some(1), None);
     assert!(guard(&cp).close(&f).unwrap());
+    let all_before = others(&mut c, &srv.manifest, "-", "-");
     let lt001 = Some("LT001".to_string());
     assert_eq!(
         write(
@@ -775,6 +777,11 @@ fn an_application_role_without_rights_on_the_guard_is_guarded(version: u32) {
             &[&"acme.alice.memories", &"app-k", &value(Some(1))]
         ),
         lt001
+    );
+    assert_eq!(
+        others(&mut c, &srv.manifest, "-", "-"),
+        all_before,
+        "refused writes change nothing"
     );
     assert_eq!(
         write(
