@@ -68,6 +68,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--ops", type=int, default=60, help="operations per workload per round")
     ap.add_argument("--lethe", default=os.environ.get("LETHE_BIN", str(ROOT / "target/release/lethe")))
+    ap.add_argument("--at-rest", action="store_true",
+                    help="no fence closed during the rounds (a deployment between erasures); by default one "
+                         "subject's fence is closed, as while an erasure runs")
     ap.add_argument("--guard-sql", help="after `lethe guard install`, run this install.sql over it (psql, one "
                     "transaction): times another version of the guard's functions without a rebuild, "
                     "e.g. `git show REV:crates/adapters/src/postgres_guard/install.sql`")
@@ -121,8 +124,9 @@ namespace = ["{{tenant}}", "{{subject}}"]
                 INSERT INTO lethe_guard.erased_thread SELECT lethe_guard.thread_digest('erased-' || g) FROM generate_series(1, 1000) g;
                 INSERT INTO lethe_guard.erased_item SELECT lethe_guard.item_digest('t.gone' || g, 'k'), 2, false FROM generate_series(1, 1000) g;
                 INSERT INTO lethe_guard.subject_fence SELECT lethe_guard.subject_owner('t', 'gone' || g), 2, false FROM generate_series(1, 200) g;
-                INSERT INTO lethe_guard.subject_fence VALUES (lethe_guard.subject_owner('t', 'being-erased'), 3, true);
             """)
+            if not a.at_rest:
+                conn.execute("INSERT INTO lethe_guard.subject_fence VALUES (lethe_guard.subject_owner('t', 'being-erased'), 3, true)")
             # What autovacuum would have done by now; this machine's PostgreSQL 15 runs with it
             # off, and without statistics the planner reads the guard's tables sequentially.
             conn.execute("VACUUM ANALYZE")
@@ -164,9 +168,10 @@ namespace = ["{{tenant}}", "{{subject}}"]
         with psycopg.connect(a.url, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     load_after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    res = {"server": server, "guard_sql": a.guard_sql, "rounds": a.rounds, "ops_per_round": a.ops, "load_before": load_before,
+    res = {"server": server, "guard_sql": a.guard_sql, "fence_closed": not a.at_rest, "rounds": a.rounds, "ops_per_round": a.ops, "load_before": load_before,
            "load_after": load_after, "nproc": os.cpu_count(), "results": {}}
-    print(f"\nPostgreSQL {server}; {a.rounds} rounds x {a.ops} ops per condition (ABBA); load before: {load_before}; after: {load_after}\n")
+    print(f"\nPostgreSQL {server}; {a.rounds} rounds x {a.ops} ops per condition (ABBA); "
+          f"{'no fence closed (at rest)' if a.at_rest else 'one fence closed'}; load before: {load_before}; after: {load_after}\n")
     print("| workload | guard | median ms | p99 ms | overhead (medians) |")
     print("|---|---|---|---|---|")
     for w in ("checkpoint", "store"):

@@ -290,6 +290,14 @@ DECLARE
     tf boolean;
     sf boolean;
 BEGIN
+    -- One probe first (see above), for a deployment at rest: while no fence is closed, only an
+    -- erased thread is refused here, and its digest is in `known`. While a fence is closed,
+    -- the owner must be read from the checkpoint (below).
+    IF NOT (EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = lethe_guard.thread_digest(NEW.thread_id))
+            OR EXISTS (SELECT 1 FROM lethe_guard.subject_fence f WHERE f.fenced)
+            OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence f WHERE f.fenced)) THEN
+        RETURN NEW;
+    END IF;
     IF TG_OP = 'UPDATE' AND NEW IS NOT DISTINCT FROM OLD THEN
         RETURN NEW;
     END IF;
