@@ -27,7 +27,7 @@ use crate::{AdapterError, Locator};
 /// The guard's version, stored in `lethe_guard.meta`. 2: every digest computed once, before
 /// any lookup (the same rules as 1, at a third of its cost a write). 3: one probe of
 /// `lethe_guard.known` first, so a write the guard knows nothing of runs one statement (the
-/// same rules, about half of 2's cost a write). `lethe guard install` brings a database from 1
+/// same rules; about 60% of 2's cost a store write). `lethe guard install` brings a database from 1
 /// or 2 to 3 in place, its fences and erased lists kept.
 pub const VERSION: &str = "3";
 
