@@ -738,8 +738,7 @@ fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
     );
     // A bound of zero is bad input: exit 2, said plainly, nothing touched.
     let env = Env::with_config(&CONFIG.replace("batch_size = BATCH", "batch_rows = 0"));
-    let files = || MEMORY_FILES.map(|f| std::fs::read(env.path().join("memory").join(f)).unwrap());
-    let untouched = files();
+    let untouched = env.memory_bytes();
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 2);
     assert!(
@@ -747,7 +746,7 @@ fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
         "{}",
         stderr(&out)
     );
-    assert!(files() == untouched, "bad input touches nothing");
+    assert_eq!(env.memory_bytes(), untouched, "bad input touches nothing");
 }
 
 #[test]

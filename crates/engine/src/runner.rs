@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use lethe_adapters::{AdapterError, Applicability, Fence, Guard, Target};
+use lethe_adapters::{AdapterError, Applicability, Fence, Guard, Locator, Target};
 use lethe_core::certificate::{self, Certificate, TargetRecord, TargetStatus};
 use lethe_core::{BlockedReason, JobState, Scope, Version};
 use lethe_journal::jobs::JobRecord;
@@ -760,11 +760,7 @@ impl Engine {
 /// `max_rows` frozen rows each; a locator with more rows than `max_rows` is a batch of its own.
 /// What bounds a transaction is its rows (a checkpoint thread is tens of rows, a store item one),
 /// and a batch is a transaction and a journal commit, so fewer is faster.
-fn batches(
-    locators: &[(String, u64)],
-    max_locators: usize,
-    max_rows: u64,
-) -> Vec<&[(String, u64)]> {
+fn batches(locators: &[Locator], max_locators: usize, max_rows: u64) -> Vec<&[Locator]> {
     let mut out = Vec::new();
     let (mut start, mut rows) = (0, 0u64);
     for (i, (_, n)) in locators.iter().enumerate() {
