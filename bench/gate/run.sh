@@ -5,6 +5,8 @@
 # - inproc : take+release on the journal's gate (permits as rows), one thread, SQLite and PostgreSQL
 # - http   : take+release over HTTP, 8 clients, `lethe serve` with the PostgreSQL journal
 #            (a separate process, pool 8)                              target >= 5,000/s, p99 < 10 ms
+# - http-swap : the same, each take carrying the release of the cycle before's permit (one
+#            request a cycle instead of two; POST /v1/permits with `release`)
 # - floor  : PostgreSQL alone: INSERT + UPDATE of one row per cycle, 8 clients (what a permit
 #            costs the database at the least; there is no peer: the runbook has no gate)
 # - freeze : fence-close latency on PostgreSQL (each freeze revokes a lease, records a permit)
@@ -68,12 +70,13 @@ run() { # label, driver args...
   local label=$1; shift
   "$DRIVER" "$@" | python3 -c "import json,sys; d=json.load(sys.stdin); d['label']='$label'; d['load']=open('/proc/loadavg').read().split()[0]; print(json.dumps(d))" | tee -a "$OUT"
 }
-run_http() { # clients; like run, with the CPU of each program per cycle (microseconds)
+run_http() { # mode (http or http-swap), clients; like run, with the CPU of each program per cycle (microseconds)
   local label=http-postgres
-  [ "$1" = 8 ] || label=http-postgres-c$1
+  [ "$1" = http ] || label=$label-swap
+  [ "$2" = 8 ] || label=$label-c$2
   python3 bench/gate/cpu.py 1 $((SECS > 2 ? SECS - 2 : 1)) > "$WORK/cpu.json" &
   local cpu=$!
-  "$DRIVER" http "$ADDR" "$TOKEN" "$1" "$SECS" > "$WORK/http.json"
+  "$DRIVER" "$1" "$ADDR" "$TOKEN" "$2" "$SECS" > "$WORK/http.json"
   wait "$cpu"
   python3 - "$WORK/http.json" "$WORK/cpu.json" "$label" <<'PY' | tee -a "$OUT"
 import json, sys
@@ -97,7 +100,9 @@ for r in $(seq "$ROUNDS"); do
     run inproc-sqlite inproc "sqlite:$WORK/inproc.db" "$SECS"
     vacuum; run inproc-postgres inproc "$PG" "$SECS"
   fi
-  for c in $HTTP_CLIENTS; do vacuum; run_http "$c"; done
+  # The two forms alternate, each round starting with the other.
+  modes="http http-swap"; [ $((r % 2)) = 1 ] || modes="http-swap http"
+  for c in $HTTP_CLIENTS; do for m in $modes; do vacuum; run_http "$m" "$c"; done; done
   vacuum; run floor-postgres floor "$PG" 8 "$SECS"
   if [ -z "${ONLY_HTTP:-}" ]; then
     run freeze-postgres freeze "$PG" 300
@@ -117,8 +122,10 @@ for label, rs in by.items():
     p50 = statistics.median(r["p50_us"] for r in rs)
     p99 = statistics.median(r["p99_us"] for r in rs)
     print(f"{label:18} {statistics.median(c):14,.0f} ({min(c):,.0f}-{max(c):,.0f}) {p50:9.1f} {p99:9.1f}  {','.join(r['load'] for r in rs)}")
-http = statistics.median(r["cycles_per_s"] for r in by["http-postgres"])
 floor = statistics.median(r["cycles_per_s"] for r in by["floor-postgres"])
-cpu = {k: statistics.median(r["cpu_us_per_cycle"][k] for r in by["http-postgres"]) for k in ("postgres", "lethe", "gate_bench")}
-print(f"\nhttp / floor = {http / floor:.2f}; CPU per HTTP cycle (us, median): {cpu}; results in {sys.argv[1]}")
+for label in ("http-postgres", "http-postgres-swap"):
+    http = statistics.median(r["cycles_per_s"] for r in by[label])
+    cpu = {k: statistics.median(r["cpu_us_per_cycle"][k] for r in by[label]) for k in ("postgres", "lethe", "gate_bench")}
+    print(f"{label} / floor = {http / floor:.2f}; CPU per cycle (us, median): {cpu}")
+print(f"results in {sys.argv[1]}")
 PY

@@ -114,6 +114,22 @@ class GateClient:
         r = self._call("POST", "/v1/permits", {"lease_id": lease_id, "sink": sink}, expect=(200, 201))
         return int(r["permit_id"])
 
+    def take_permit_releasing(self, lease_id: int, sink: str, previous: int) -> tuple[int, bool]:
+        """Takes a permit and releases ``previous``, whose boundary ended, in one round trip.
+
+        For a run going straight from one acceptance point to the next (a tool's result written
+        to state). ``previous`` is released whatever the take's answer: after a return, a
+        :class:`Refused` or :class:`NoSuchLease` it is no longer active; :class:`BadRequest`,
+        :class:`Unauthorized` and :class:`Forbidden` change nothing; after :class:`Unavailable`,
+        release it again (:class:`NoSuchPermit` then means it was). Returns the new permit's id
+        and whether this request ended ``previous`` (``False``: it was not active any more).
+        """
+        if sink not in SINKS:
+            raise ValueError(f"sink must be one of {', '.join(SINKS)}")
+        body = {"lease_id": lease_id, "sink": sink, "release": int(previous)}
+        r = self._call("POST", "/v1/permits", body, expect=(200, 201))
+        return int(r["permit_id"]), bool(r["released"])
+
     def release_permit(self, permit_id: int) -> None:
         """The boundary ended normally."""
         self._call("DELETE", f"/v1/permits/{int(permit_id)}", expect=(200, 204))

@@ -91,6 +91,26 @@ class GateTest(unittest.TestCase):
         with self.assertRaises(Refused):
             self.rt.take_permit(lease.lease_id, "tool")
 
+    def test_a_take_releasing_the_previous_permit_releases_it_even_when_refused(self):
+        s = subject()
+        lease = self.rt.take_lease("acme", s, ttl_ms=60_000)
+        first = self.rt.take_permit(lease.lease_id, "tool")
+        second, released = self.rt.take_permit_releasing(lease.lease_id, "state", first)
+        self.assertTrue(released)
+        with self.assertRaises(NoSuchPermit):
+            self.rt.release_permit(first)  # ended by the take
+        third, released = self.rt.take_permit_releasing(lease.lease_id, "tool", first)
+        self.assertFalse(released)  # not active any more: reported, not an error
+        self.rt.release_permit(second)
+        job = self.erase("acme", s)
+        self.assertTrue(lease.revoked.wait(PUSH_BOUND_S), "no revocation pushed")
+        with self.assertRaises(Revoked):
+            self.rt.take_permit_releasing(lease.lease_id, "state", third)
+        with self.assertRaises(NoSuchPermit):
+            self.rt.release_permit(third)  # released by the refused request
+        self.server.wait_job(self.op, job)  # nothing left to drain
+        self.assertEqual(self.op.job(job)["state"], "COMPLETE")
+
     def test_revocation_is_pushed_fast(self):
         latencies = []
         for _ in range(20):

@@ -146,6 +146,31 @@ impl Client {
             .ok_or_else(|| Error::Protocol("no permit_id".into()))
     }
 
+    /// Takes a permit and, in the same request, releases `previous`, whose boundary has ended:
+    /// one round trip where [`Client::release_permit`] then [`Client::take_permit`] take two
+    /// (a run going straight from one acceptance point to the next, e.g. a tool's result
+    /// written to state). The release happens whatever the take's answer, so after an `Ok`
+    /// or a [`Error::Refused`] other than `bad_request`, `unauthorized` or `forbidden`,
+    /// `previous` is no longer active; after [`Error::Io`] or `unavailable`, release it again
+    /// with [`Client::release_permit`] (`no_such_permit` then means it was). The `bool` says
+    /// whether this request ended it (`false`: it was not active any more).
+    pub fn take_permit_releasing(
+        &self,
+        lease_id: i64,
+        sink: Sink,
+        previous: Permit,
+    ) -> Result<(Permit, bool)> {
+        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "release": previous.0});
+        let v = self.call("POST", "/v1/permits", Some(&body))?;
+        match (
+            v.get("permit_id").and_then(Value::as_i64),
+            v.get("released").and_then(Value::as_bool),
+        ) {
+            (Some(id), Some(released)) => Ok((Permit(id), released)),
+            _ => Err(Error::Protocol("no permit_id or released".into())),
+        }
+    }
+
     /// The boundary ended normally.
     pub fn release_permit(&self, permit: Permit) -> Result<()> {
         self.call("DELETE", &format!("/v1/permits/{}", permit.0), None)

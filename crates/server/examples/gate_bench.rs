@@ -6,6 +6,8 @@
 //! gate_bench inproc JOURNAL_URL SECONDS              take+release on the journal's gate (permits
 //!                                                     as rows), one thread, no HTTP
 //! gate_bench http ADDR TOKEN CLIENTS SECONDS          take+release over HTTP, CLIENTS threads
+//! gate_bench http-swap ADDR TOKEN CLIENTS SECONDS     the same, each take releasing the permit
+//!                                                     of the cycle before (one request a cycle)
 //! gate_bench floor PG_URL CLIENTS SECONDS             INSERT + UPDATE of one row per cycle:
 //!                                                     what PostgreSQL itself costs
 //! gate_bench freeze PG_URL N                          fence-close latency, N freezes
@@ -186,6 +188,33 @@ fn main() {
                 },
             );
             report("http", lat, el, json!({"clients": clients}));
+        }
+        "http-swap" => {
+            let (addr, token) = (arg(1), arg(2));
+            let clients: usize = arg(3).parse().unwrap();
+            let secs: u64 = arg(4).parse().unwrap();
+            let (lat, el) = drive(
+                clients,
+                secs,
+                move |i| {
+                    let c = lethe_client::Client::new(addr.clone(), token.clone());
+                    let lease = c
+                        .take_lease("bench", &format!("swap-{i}"), &[], 3_600_000)
+                        .unwrap();
+                    let held = c
+                        .take_permit(lease.lease_id, lethe_client::Sink::State)
+                        .unwrap();
+                    (c, lease.lease_id, held)
+                },
+                |(c, lease, held)| {
+                    let (p, released) = c
+                        .take_permit_releasing(*lease, lethe_client::Sink::State, *held)
+                        .unwrap();
+                    assert!(released, "the permit of the cycle before was active");
+                    *held = p;
+                },
+            );
+            report("http-swap", lat, el, json!({"clients": clients}));
         }
         "floor" => {
             let url = arg(1);

@@ -16,7 +16,7 @@ use lethe_core::clock::Clock;
 use lethe_core::{Basis, MemoryId, Scope, Subject, Tenant, Version};
 use lethe_engine::config::Role;
 use lethe_engine::{Engine, EngineError, Request, RunOptions};
-use lethe_journal::gate::Sink;
+use lethe_journal::gate::{GateError, Sink};
 use lethe_journal::Journal;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -217,6 +217,8 @@ async fn lease_status(
 struct PermitJson {
     lease_id: i64,
     sink: String,
+    /// A permit whose boundary ended, released by the same request (one round trip a cycle).
+    release: Option<i64>,
 }
 
 async fn take_permit(
@@ -232,9 +234,12 @@ async fn take_permit(
         "state" => Sink::State,
         _ => return Err(ApiError::bad_request("sink must be output, tool or state")),
     };
+    if b.release.is_some_and(|p| p < 1) {
+        return Err(ApiError::bad_request("release must be a permit id"));
+    }
     let clock = Arc::clone(&state.clock);
     let hook = state.hooks.before_permit.clone();
-    let permit = match &state.pg {
+    let (permit, released) = match &state.pg {
         Some(pg) => {
             if let Some(h) = hook {
                 tokio::task::spawn_blocking(move || h())
@@ -246,20 +251,34 @@ async fn take_permit(
                 (now.unix_timestamp_nanos() / 1_000_000) as i64,
                 b.lease_id,
                 sink,
+                b.release,
             )
             .await?
         }
         None => {
             gate(&state, move |j| {
+                // The release first and whatever the take's answer: its boundary has ended.
+                let released = match b.release.map(|p| j.release_permit(p)) {
+                    None => None,
+                    Some(Ok(())) => Some(true),
+                    Some(Err(lethe_journal::JournalError::Gate(GateError::NoSuchPermit))) => {
+                        Some(false)
+                    }
+                    Some(Err(e)) => return Err(e),
+                };
                 if let Some(h) = hook {
                     h();
                 }
-                j.take_permit(clock.now(), b.lease_id, sink)
+                Ok((j.take_permit(clock.now(), b.lease_id, sink)?, released))
             })
             .await?
         }
     };
-    Ok((StatusCode::CREATED, Json(json!({"permit_id": permit.id}))))
+    let mut answer = json!({"permit_id": permit.id});
+    if let Some(released) = released {
+        answer["released"] = json!(released);
+    }
+    Ok((StatusCode::CREATED, Json(answer)))
 }
 
 /// How a permit ends: the boundary finished, or its work was aborted after a revocation.

@@ -50,12 +50,25 @@ struct Slots {
 /// A gate request waiting for its batch, and where its answer goes.
 struct Waiting {
     op: Op,
-    reply: oneshot::Sender<Result<i64, ApiError>>,
+    reply: oneshot::Sender<Result<Answer, ApiError>>,
 }
 
+/// A take's permit id (or an end's count of rows changed), and whether the permit a take
+/// carried for release was active until this batch.
+type Answer = (i64, Option<bool>);
+
 enum Op {
-    Take { lease: i64, sink: Sink, now_ms: i64 },
-    End { permit: i64, state: &'static str },
+    Take {
+        lease: i64,
+        sink: Sink,
+        now_ms: i64,
+        /// Released in the same transaction, whatever the take's answer.
+        release: Option<i64>,
+    },
+    End {
+        permit: i64,
+        state: &'static str,
+    },
 }
 
 /// Asynchronous connections to the PostgreSQL control store.
@@ -118,23 +131,47 @@ async fn batch_worker(slots: Arc<Slots>, mut rx: mpsc::UnboundedReceiver<Waiting
                 Err(_) => break,
             }
         }
-        // Takes first, then ends: the order of the function's results.
+        // Takes first, then ends, then the releases the takes carry: the order of the
+        // function's results.
         let (takes, ends): (Vec<Waiting>, Vec<Waiting>) = batch
             .into_iter()
             .partition(|w| matches!(w.op, Op::Take { .. }));
+        let swaps = takes
+            .iter()
+            .filter(|w| {
+                matches!(
+                    w.op,
+                    Op::Take {
+                        release: Some(_),
+                        ..
+                    }
+                )
+            })
+            .count();
         match run_batch(&slots, &takes, &ends).await {
-            Ok(results) if results.len() == takes.len() + ends.len() => {
-                let (took, ended) = results.split_at(takes.len());
+            Ok(results) if results.len() == takes.len() + ends.len() + swaps => {
+                let (took, rest) = results.split_at(takes.len());
+                let (ended, mut swapped) = rest.split_at(ends.len());
                 for (w, &id) in takes.into_iter().zip(took) {
+                    let released = match w.op {
+                        Op::Take {
+                            release: Some(_), ..
+                        } => {
+                            let (&changed, tail) = swapped.split_first().expect("counted above");
+                            swapped = tail;
+                            Some(changed > 0)
+                        }
+                        _ => None,
+                    };
                     let _ = w.reply.send(match GateError::from_code(id) {
                         Some(e) => Err(e.into()),
-                        None => Ok(id),
+                        None => Ok((id, released)),
                     });
                 }
                 for (w, &changed) in ends.into_iter().zip(ended) {
                     let _ = w.reply.send(match changed {
                         0 => Err(GateError::NoSuchPermit.into()),
-                        _ => Ok(changed),
+                        _ => Ok((changed, None)),
                     });
                 }
             }
@@ -164,6 +201,7 @@ async fn run_batch(
             lease,
             sink,
             now_ms,
+            ..
         } = w.op
         {
             leases.push(lease);
@@ -177,6 +215,16 @@ async fn run_batch(
         if let Op::End { permit, state } = w.op {
             permits.push(permit);
             states.push(state);
+        }
+    }
+    for w in takes {
+        if let Op::Take {
+            release: Some(permit),
+            ..
+        } = w.op
+        {
+            permits.push(permit);
+            states.push("released");
         }
     }
     let c = slots.conn(&slots.batch).await?;
@@ -203,7 +251,7 @@ impl PgGate {
         Self { slots, queue }
     }
 
-    async fn submit(&self, op: Op) -> Result<i64, ApiError> {
+    async fn submit(&self, op: Op) -> Result<Answer, ApiError> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Waiting { op, reply })
@@ -211,20 +259,24 @@ impl PgGate {
         answer.await.map_err(|_| ApiError::unavailable())?
     }
 
+    /// Takes a permit; `release`, if given, is released in the same transaction whatever the
+    /// take's answer, and the answer says whether it was active until then.
     pub(crate) async fn take_permit(
         &self,
         now_ms: i64,
         lease: i64,
         sink: Sink,
-    ) -> Result<Permit, ApiError> {
-        let id = self
+        release: Option<i64>,
+    ) -> Result<(Permit, Option<bool>), ApiError> {
+        let (id, released) = self
             .submit(Op::Take {
                 lease,
                 sink,
                 now_ms,
+                release,
             })
             .await?;
-        Ok(Permit { id })
+        Ok((Permit { id }, released))
     }
 
     /// `state`: "released" or "cancelled".

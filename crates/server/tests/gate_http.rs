@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use lethe_client::{Client, Sink};
+use lethe_client::{Client, Permit, Sink};
 use lethe_core::clock::{Clock, ManualClock, SystemClock};
 use lethe_core::{MemoryId, Scope, Subject, Tenant};
 use lethe_engine::config::Role;
@@ -255,7 +255,9 @@ impl Drop for Env {
 
 /// Runtime workers in a loop of take-permit, release, until stopped: each for one
 /// (tenant, subject), on its own lease and its own HTTP client. The only refusal a worker
-/// accepts is `revoked`; any other error fails the test.
+/// accepts is `revoked`; any other error fails the test. With `swap`, a worker holds each
+/// permit until its next request, which takes the next permit and releases it in one round
+/// trip; a refused request has released it too, so the worker holds nothing after a refusal.
 struct PermitWorkers {
     stop: Arc<AtomicBool>,
     granted: Arc<AtomicUsize>,
@@ -275,7 +277,7 @@ struct WorkerReport {
 
 impl PermitWorkers {
     /// Starts one worker per entry of `scopes`; returns once every worker holds its lease.
-    fn start(addr: &str, scopes: &[(&'static str, &'static str)], sink: Sink) -> Self {
+    fn start(addr: &str, scopes: &[(&'static str, &'static str)], sink: Sink, swap: bool) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let granted = Arc::new(AtomicUsize::new(0));
         let refused_workers = Arc::new(AtomicUsize::new(0));
@@ -296,15 +298,29 @@ impl PermitWorkers {
                     let lease = c.take_lease(tenant, subject, &[], 600_000).unwrap();
                     start.wait();
                     let (mut ok, mut ok_after_refusal, mut refused) = (0u64, 0u64, 0u64);
+                    let mut held = None;
                     while !stop.load(SeqCst) {
-                        match c.take_permit(lease.lease_id, sink) {
+                        let taken = match held.take() {
+                            Some(prev) => c.take_permit_releasing(lease.lease_id, sink, prev).map(
+                                |(p, released)| {
+                                    assert!(released, "worker {i}: its permit was still active");
+                                    p
+                                },
+                            ),
+                            None => c.take_permit(lease.lease_id, sink),
+                        };
+                        match taken {
                             Ok(p) => {
                                 ok += 1;
                                 granted.fetch_add(1, SeqCst);
                                 if refused > 0 {
                                     ok_after_refusal += 1;
                                 }
-                                c.release_permit(p).unwrap();
+                                if swap {
+                                    held = Some(p);
+                                } else {
+                                    c.release_permit(p).unwrap();
+                                }
                             }
                             Err(e) => {
                                 assert_eq!(code(e), "revoked", "worker {i} ({tenant}/{subject})");
@@ -314,6 +330,9 @@ impl PermitWorkers {
                                 refused += 1;
                             }
                         }
+                    }
+                    if let Some(p) = held {
+                        c.release_permit(p).unwrap();
                     }
                     WorkerReport {
                         tenant,
@@ -378,6 +397,8 @@ both!(
     every_documented_route_is_served,
     revocation_is_pushed_on_the_stream,
     thirty_two_workers_get_no_permit_after_the_fence_closes,
+    thirty_two_swapping_workers_get_no_permit_after_the_fence_closes,
+    a_take_carrying_a_release_ends_that_permit_whatever_the_answer,
     a_permit_checked_after_the_close_is_refused_and_the_sink_admits_nothing,
     a_permit_held_forever_leaves_the_job_blocked_whatever_the_lease_ttl,
     memory_scope_revokes_only_the_lease_that_read_that_version,
@@ -508,6 +529,74 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
     assert_eq!(code(e.unwrap_err()), "bad_request");
 }
 
+/// `POST /v1/permits` with `release`: the permit is released in the same request, whether the
+/// take is granted or refused; a permit that was not active is reported, not an error; a bad
+/// `release` changes nothing.
+fn a_take_carrying_a_release_ends_that_permit_whatever_the_answer(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let state = |p: Permit| {
+        let n = |s: &str| {
+            env.count(&format!(
+                "SELECT count(*) FROM permits WHERE permit_id = {} AND state = '{s}'",
+                p.0
+            ))
+        };
+        match (n("active"), n("released")) {
+            (1, 0) => "active",
+            (0, 1) => "released",
+            other => panic!("permit {} in no single state: {other:?}", p.0),
+        }
+    };
+    let lease = rt.take_lease("acme", "alice", &[], 600_000).unwrap();
+    let p1 = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    let (p2, released) = rt
+        .take_permit_releasing(lease.lease_id, Sink::State, p1)
+        .unwrap();
+    assert!(released);
+    assert_ne!(p1, p2);
+    assert_eq!((state(p1), state(p2)), ("released", "active"));
+    // Releasing it again: not active any more, reported; the take is granted all the same.
+    let (p3, released) = rt
+        .take_permit_releasing(lease.lease_id, Sink::Tool, p1)
+        .unwrap();
+    assert!(!released);
+    assert_eq!((state(p2), state(p3)), ("active", "active"));
+    // Malformed: refused before anything runs.
+    for bad in [json!(0), json!(-3), json!("7"), json!(1.5)] {
+        let e = rt.call(
+            "POST",
+            "/v1/permits",
+            Some(&json!({"lease_id": lease.lease_id, "sink": "tool", "release": bad})),
+        );
+        assert_eq!(code(e.unwrap_err()), "bad_request", "release {bad}");
+    }
+    assert_eq!(
+        env.permits_of(lease.lease_id),
+        3,
+        "no permit taken by a bad request"
+    );
+    // The fence closes while p2 and p3 are held: the job waits for both.
+    let job = env.erase("alice", 30);
+    env.wait_frozen(&job);
+    let e = rt
+        .take_permit_releasing(lease.lease_id, Sink::State, p3)
+        .unwrap_err();
+    assert_eq!(code(e), "revoked");
+    assert_eq!(state(p3), "released", "released by the refused request");
+    assert_eq!(env.permits_of(lease.lease_id), 3, "and no permit taken");
+    let v = env.job(&job);
+    assert!(
+        v["state"] != "COMPLETE",
+        "p2 is still held, so the job cannot be complete: {v}"
+    );
+    rt.release_permit(p2).unwrap();
+    let done = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(done["state"], "COMPLETE", "{done}");
+}
+
 fn every_documented_route_is_served(b: Backend) {
     let env = Env::new(b, Arc::new(SystemClock));
     let op = env.operator();
@@ -579,13 +668,24 @@ fn revocation_is_pushed_on_the_stream(b: Backend) {
 }
 
 fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
+    thirty_two_workers(b, false);
+}
+
+/// As above, each worker releasing its permit with its next take (one round trip a cycle): an
+/// alice worker's refused request released its last permit, so the job drains without any
+/// other release.
+fn thirty_two_swapping_workers_get_no_permit_after_the_fence_closes(b: Backend) {
+    thirty_two_workers(b, true);
+}
+
+fn thirty_two_workers(b: Backend, swap: bool) {
     const WORKERS: usize = 32;
     let env = Env::new(b, Arc::new(SystemClock));
     // Even workers run for alice (erased), odd ones for bob (must keep working).
     let scopes: Vec<_> = (0..WORKERS)
         .map(|i| ("acme", if i % 2 == 0 { "alice" } else { "bob" }))
         .collect();
-    let workers = PermitWorkers::start(&env.addr, &scopes, Sink::State);
+    let workers = PermitWorkers::start(&env.addr, &scopes, Sink::State, swap);
     workers.wait_for(200, 0);
     let job = env.erase("alice", 30);
     env.wait_frozen(&job);
@@ -593,10 +693,20 @@ fn thirty_two_workers_get_no_permit_after_the_fence_closes(b: Backend) {
     let alice_at_close = env.permits_for("alice");
     // Bob's workers keep going, and every alice worker meets the closed fence (bounded).
     workers.wait_for(200, WORKERS / 2);
-    let results = workers.stop();
-    let done = env.wait_job(&job, |v| {
-        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
-    });
+    let finished = || {
+        env.wait_job(&job, |v| {
+            v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+        })
+    };
+    let (done, results) = if swap {
+        // A swapping alice worker's refused request released its last permit: the job
+        // completes while the workers still run, with no release after the refusals.
+        let done = finished();
+        (done, workers.stop())
+    } else {
+        let results = workers.stop();
+        (finished(), results)
+    };
     assert_eq!(
         done["state"], "COMPLETE",
         "every permit from before the close drained: {done}"
@@ -657,7 +767,7 @@ fn permits_of_many_scopes_while_three_freeze_at_once(b: Backend) {
     let scopes: Vec<_> = (0..subjects.len() * PER_SUBJECT)
         .map(|i| subjects[i % subjects.len()])
         .collect();
-    let workers = PermitWorkers::start(&env.addr, &scopes, Sink::Tool);
+    let workers = PermitWorkers::start(&env.addr, &scopes, Sink::Tool, false);
     workers.wait_for(300, 0);
     let op = env.operator();
     let mut jobs = Vec::new();
