@@ -9,7 +9,20 @@ use crate::AdapterError;
 
 /// Opens an existing SQLite file read-write. Never creates one: a wrong path is an error, not a
 /// new empty store that verifies clean.
-pub(crate) fn open(target: &str, path: &Path) -> Result<Connection, AdapterError> {
+/// How long a target waits for the application's locks by default.
+pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `busy_timeout_ms` from a target's config: how long to wait for the application's locks
+/// before the step fails as retryable (the job is then BLOCKED `target_unavailable`).
+pub(crate) fn busy_timeout(ms: Option<u64>) -> Result<Duration, String> {
+    match ms {
+        None => Ok(DEFAULT_BUSY_TIMEOUT),
+        Some(ms @ 1..=3_600_000) => Ok(Duration::from_millis(ms)),
+        Some(_) => Err("busy_timeout_ms must be between 1 and 3600000".into()),
+    }
+}
+
+pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connection, AdapterError> {
     if !path.is_file() {
         return Err(AdapterError::Failed {
             target: target.to_string(),
@@ -24,8 +37,7 @@ pub(crate) fn open(target: &str, path: &Path) -> Result<Connection, AdapterError
     )
     .map_err(|e| db(target, e))?;
     // The application may be writing: wait for its locks rather than fail at once.
-    conn.busy_timeout(Duration::from_secs(30))
-        .map_err(|e| db(target, e))?;
+    conn.busy_timeout(busy).map_err(|e| db(target, e))?;
     // Foreign keys off, as LangGraph's own connections have them. The bundled SQLite defaults
     // them on, and a cascade deletes rows that `changes()` does not count, which would blind
     // the anomaly guard: every row Lethe deletes, it deletes by an explicit statement and counts.

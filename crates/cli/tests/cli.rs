@@ -1015,6 +1015,132 @@ fn an_unreachable_target_blocks_the_job_and_a_rerun_finishes_it() {
     );
 }
 
+/// Owner keys in `checkpoints.metadata` that hold a `.`, a space and brackets are single
+/// top-level keys, never paths: with the fixture's keys renamed to `the.tenant` and
+/// `user id[0]`, a metadata-only target finds exactly what the plain keys found, and the erase
+/// leaves every other subject whole.
+#[test]
+fn metadata_keys_that_need_quoting_select_one_top_level_key() {
+    const REGISTRY: &str = "registry = { path = \"memory/app.db\", table = \"thread_registry\", tenant = \"tenant_id\", subject = \"user_id\", thread = \"thread_id\" }\n";
+    let plain_cfg = CONFIG.replace("BATCH", "500").replace(REGISTRY, "");
+    assert!(
+        !plain_cfg.contains("registry"),
+        "metadata alone finds the threads"
+    );
+    let plain = Env::with_config(&plain_cfg);
+    let expected = plain.inventory("acme", "alice")["checkpoints"]["count"].clone();
+    assert!(expected.as_u64().unwrap() > 0);
+    let env = Env::with_config(&plain_cfg.replace(
+        "metadata = { tenant = \"tenant_id\", subject = \"user_id\" }",
+        "metadata = { tenant = \"the.tenant\", subject = \"user id[0]\" }",
+    ));
+    let cp = rusqlite::Connection::open(env.path().join("memory/checkpoints.db")).unwrap();
+    let renamed = cp
+        .execute(
+            "UPDATE checkpoints SET metadata = CAST(json_set(json_remove(CAST(metadata AS TEXT), '$.tenant_id', '$.user_id'), \
+                 '$.\"the.tenant\"', json_extract(CAST(metadata AS TEXT), '$.tenant_id'), \
+                 '$.\"user id[0]\"', json_extract(CAST(metadata AS TEXT), '$.user_id')) AS BLOB) \
+             WHERE json_valid(CAST(metadata AS TEXT)) AND json_extract(CAST(metadata AS TEXT), '$.user_id') IS NOT NULL",
+            [],
+        )
+        .unwrap();
+    assert!(renamed > 0);
+    // A decoy: nested objects spelling the path `the` -> `tenant`, owned by nobody at the top level.
+    cp.execute(
+        "UPDATE checkpoints SET metadata = CAST(json_set(CAST(metadata AS TEXT), '$.the', json('{\"tenant\": \"acme\"}'), '$.user id', json('[\"alice\"]')) AS BLOB) \
+         WHERE json_extract(CAST(metadata AS TEXT), '$.\"user id[0]\"') = 'bob'",
+        [],
+    )
+    .unwrap();
+    drop(cp);
+    let others = env.others_rows();
+    assert_eq!(
+        env.inventory("acme", "alice")["checkpoints"]["count"],
+        expected,
+        "the quoted keys find what the plain keys found"
+    );
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(
+        out["certificate"]["targets"]["checkpoints"]["count"],
+        expected
+    );
+    let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+    assert_eq!((c, &v["clean"]), (0, &Value::Bool(true)));
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept every row, the decoy too"
+    );
+}
+
+/// The application holds the checkpointer file's write lock (an open `BEGIN EXCLUSIVE`) through
+/// the erase: the target's step fails as busy after `busy_timeout_ms`, the job is BLOCKED
+/// `target_unavailable` naming the target with none of its rows gone, and `resume` completes it
+/// once the lock is released. Every other subject keeps every row throughout.
+#[test]
+fn a_locked_store_blocks_the_job_and_resume_completes_it_once_the_lock_is_gone() {
+    let cfg = CONFIG.replace("BATCH", "500").replace(
+        "path = \"memory/checkpoints.db\"\n",
+        "path = \"memory/checkpoints.db\"\nbusy_timeout_ms = 200\n",
+    );
+    let env = Env::with_config(&cfg);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    let app = rusqlite::Connection::open(env.path().join("memory/checkpoints.db")).unwrap();
+    app.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let started = std::time::Instant::now();
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the configured wait was used, not the 30 s default"
+    );
+    assert_eq!(c, 3, "{out}");
+    assert_eq!(out["state"], "BLOCKED");
+    assert_eq!(out["blocked_reason"], "target_unavailable");
+    assert_eq!(out["blocked_target"], "checkpoints");
+    let job = out["job_id"].as_str().unwrap().to_string();
+    app.execute_batch("ROLLBACK").unwrap();
+    drop(app);
+    assert_eq!(
+        env.inventory("acme", "alice")["checkpoints"]["count"],
+        inv["checkpoints"]["count"],
+        "none of the locked target's rows went"
+    );
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "nobody else lost a row while blocked"
+    );
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    let cert = &out["certificate"]["targets"]["checkpoints"];
+    assert_eq!(cert["count"], inv["checkpoints"]["count"]);
+    assert_eq!(
+        cert["error_codes"],
+        serde_json::json!(["target_unavailable"])
+    );
+    let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+    assert_eq!((c, &v["clean"]), (0, &Value::Bool(true)));
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept every row"
+    );
+    // A wait of zero is bad input: exit 2, said plainly, nothing touched.
+    let env = Env::with_config(&cfg.replace("busy_timeout_ms = 200", "busy_timeout_ms = 0"));
+    let untouched = env.memory_bytes();
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("busy_timeout_ms must be between 1 and 3600000"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(env.memory_bytes(), untouched, "bad input touches nothing");
+}
+
 /// One RESP command to the standalone Redis of `LETHE_REDIS_URL`, db 9; the reply's first line.
 fn redis_cmd(args: &[&str]) -> String {
     use std::io::{BufRead, BufReader, Write};

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use lethe_core::Scope;
 use rusqlite::{params, Connection};
@@ -31,6 +32,8 @@ pub(crate) struct MetadataKeys {
 pub struct Checkpointer {
     name: String,
     path: PathBuf,
+    /// How long to wait for the application's locks.
+    busy: Duration,
     registry: Option<Registry>,
     metadata: Option<MetadataKeys>,
 }
@@ -76,12 +79,14 @@ impl Checkpointer {
     pub(crate) fn new(
         name: &str,
         path: PathBuf,
+        busy: Duration,
         registry: Option<Registry>,
         metadata: Option<MetadataKeys>,
     ) -> Self {
         Self {
             name: name.to_string(),
             path,
+            busy,
             registry,
             metadata,
         }
@@ -99,7 +104,7 @@ impl Checkpointer {
     }
 
     fn open_registry(&self, r: &Registry) -> Result<Connection, AdapterError> {
-        open(&self.name, &r.path)
+        open(&self.name, &r.path, self.busy)
     }
 
     /// Registry rows for the owner: (thread id, rows).
@@ -239,7 +244,7 @@ impl Checkpointer {
         if threads.is_empty() {
             return Ok(0);
         }
-        let mut conn = open(&self.name, &self.path)?;
+        let mut conn = open(&self.name, &self.path, self.busy)?;
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(|e| self.err(e))?;
@@ -338,7 +343,7 @@ impl Adapter for Checkpointer {
     }
 
     fn probe(&self) -> Result<(), AdapterError> {
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         for t in ["checkpoints", "writes"] {
             if !has_table(&conn, t).map_err(|e| self.err(e))? {
                 return Err(self.failed(format!(
@@ -372,7 +377,7 @@ impl Adapter for Checkpointer {
         let Some(o) = owner(scope) else {
             return Ok(Inventory::default());
         };
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         let (threads, registry_rows) = self.resolve(&conn, &o)?;
         let mut locators = Vec::with_capacity(threads.len() + registry_rows.len());
         for t in &threads {
@@ -406,7 +411,7 @@ impl Adapter for Checkpointer {
 
     fn verify(&self, scope: &Scope, frozen: &[(String, u64)]) -> Result<u64, AdapterError> {
         let Some(o) = owner(scope) else { return Ok(0) };
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         let (mut threads, registry_rows) = self.resolve(&conn, &o)?;
         threads.extend(
             frozen

@@ -1,6 +1,7 @@
 //! Config of a `langgraph-sqlite-checkpointer` target.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::registry::{parse_table, resolve};
 
@@ -10,6 +11,7 @@ use super::adapter::{Checkpointer, MetadataKeys, Registry};
 #[serde(deny_unknown_fields)]
 struct Raw {
     path: PathBuf,
+    busy_timeout_ms: Option<u64>,
     registry: Option<RawRegistry>,
     metadata: Option<RawMetadata>,
 }
@@ -36,6 +38,7 @@ struct RawMetadata {
 #[derive(Debug, Clone)]
 pub struct Config {
     path: PathBuf,
+    busy: Duration,
     registry: Option<Registry>,
     metadata: Option<MetadataKeys>,
 }
@@ -88,6 +91,7 @@ impl Config {
         };
         Ok(Self {
             path,
+            busy: crate::sqlite::busy_timeout(raw.busy_timeout_ms)?,
             registry,
             metadata,
         })
@@ -95,6 +99,6 @@ impl Config {
 
     /// Builds the adapter. Touches no file.
     pub fn build(self, name: &str) -> Checkpointer {
-        Checkpointer::new(name, self.path, self.registry, self.metadata)
+        Checkpointer::new(name, self.path, self.busy, self.registry, self.metadata)
     }
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use lethe_core::{Scope, Version};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -15,6 +16,8 @@ use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locato
 pub struct Store {
     name: String,
     path: PathBuf,
+    /// How long to wait for the application's locks.
+    busy: Duration,
     template: Vec<Label>,
 }
 
@@ -28,10 +31,11 @@ const IN_NAMESPACE: &str = "(prefix = ?1 OR (prefix >= ?1 || '.' AND prefix < ?1
 const VERSION: &str = "SELECT CAST(updated_at AS TEXT) FROM store WHERE prefix = ?1 AND key = ?2";
 
 impl Store {
-    pub(crate) fn new(name: &str, path: PathBuf, template: Vec<Label>) -> Self {
+    pub(crate) fn new(name: &str, path: PathBuf, busy: Duration, template: Vec<Label>) -> Self {
         Self {
             name: name.to_string(),
             path,
+            busy,
             template,
         }
     }
@@ -134,7 +138,7 @@ impl Adapter for Store {
     }
 
     fn probe(&self) -> Result<(), AdapterError> {
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         if !has_table(&conn, "store").map_err(|e| self.err(e))? {
             return Err(AdapterError::Failed {
                 target: self.name.clone(),
@@ -151,7 +155,7 @@ impl Adapter for Store {
         let Selection::Item { ns, key, .. } = self.selection(scope)? else {
             return Ok(None);
         };
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         let v: Option<String> = conn
             .query_row(VERSION, params![ns, key], |r| r.get(0))
             .optional()
@@ -167,7 +171,7 @@ impl Adapter for Store {
 
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
         let sel = self.selection(scope)?;
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         let rows = self.rows(&conn, &sel)?;
         Ok(Inventory::from_locators(
             rows.into_iter()
@@ -180,7 +184,7 @@ impl Adapter for Store {
         let sel = self.selection(scope)?;
         let items = checked_items(&self.name, &sel, batch)?;
         let version = sel.version();
-        let mut conn = open(&self.name, &self.path)?;
+        let mut conn = open(&self.name, &self.path, self.busy)?;
         let vectors = self.has_vectors(&conn)?;
         let e = |e| self.err(e);
         let tx = conn
@@ -236,7 +240,7 @@ impl Adapter for Store {
 
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {
         let sel = self.selection(scope)?;
-        let conn = open(&self.name, &self.path)?;
+        let conn = open(&self.name, &self.path, self.busy)?;
         let mut rows = self.rows(&conn, &sel)?;
         // Anything still under a frozen locator counts too.
         for (loc, _) in frozen {

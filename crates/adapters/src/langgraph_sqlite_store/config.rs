@@ -1,6 +1,7 @@
 //! Config of a `langgraph-sqlite-store` target.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::namespace::{parse_template, Label};
 use crate::registry::{parse_table, resolve};
@@ -11,6 +12,7 @@ use super::adapter::Store;
 #[serde(deny_unknown_fields)]
 struct Raw {
     path: PathBuf,
+    busy_timeout_ms: Option<u64>,
     namespace: Vec<String>,
 }
 
@@ -18,6 +20,7 @@ struct Raw {
 #[derive(Debug, Clone)]
 pub struct Config {
     path: PathBuf,
+    busy: Duration,
     template: Vec<Label>,
 }
 
@@ -27,12 +30,13 @@ impl Config {
         let raw: Raw = parse_table(table)?;
         Ok(Self {
             path: resolve(base, &raw.path),
+            busy: crate::sqlite::busy_timeout(raw.busy_timeout_ms)?,
             template: parse_template(&raw.namespace)?,
         })
     }
 
     /// Builds the adapter. Touches no file.
     pub fn build(self, name: &str) -> Store {
-        Store::new(name, self.path, self.template)
+        Store::new(name, self.path, self.busy, self.template)
     }
 }
