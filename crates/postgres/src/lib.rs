@@ -23,6 +23,10 @@
 //! certificate for some name, so system roots mean something only with the host name checked
 //! (or, explicitly, `verify-ca`). Under `require`, `verify-ca` and `verify-full` a server that
 //! does not speak TLS is refused: nothing is ever downgraded.
+//!
+//! As with libpq, `sslmode` is ignored on a Unix-domain socket (PostgreSQL never offers TLS
+//! there): a URL whose every host is a socket folder connects in plain text. In a list that
+//! also names TCP hosts the mode applies to each host, so `require` and above skip a socket.
 
 mod tls;
 
@@ -172,6 +176,14 @@ impl Settings {
         let mut config: postgres::Config = driver_url
             .parse()
             .map_err(|e: postgres::Error| SettingsError::Parse(e.to_string()))?;
+        // libpq ignores `sslmode` on a Unix-domain socket, and PostgreSQL never offers TLS
+        // there: a URL whose every host is a socket folder connects in plain text whatever it
+        // asks, where the driver would try a handshake with no server name and fail.
+        let mode = if unix_sockets_only(&config) {
+            SslMode::Disable
+        } else {
+            mode
+        };
         config.ssl_mode(match mode {
             SslMode::Disable => DriverSslMode::Disable,
             SslMode::Prefer => DriverSslMode::Prefer,
@@ -300,6 +312,25 @@ impl Settings {
     }
 }
 
+/// Whether every host of a URL is a Unix-domain socket folder (`host=/run/postgresql`, or a
+/// percent-encoded path in the authority) and no `hostaddr` sends a host over TCP instead.
+fn unix_sockets_only(config: &postgres::Config) -> bool {
+    #[cfg(unix)]
+    {
+        let hosts = config.get_hosts();
+        !hosts.is_empty()
+            && config.get_hostaddrs().is_empty()
+            && hosts
+                .iter()
+                .all(|h| matches!(h, postgres::config::Host::Unix(_)))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = config;
+        false
+    }
+}
+
 /// A driver error as one line: the server's message and SQLSTATE, or the client-side error
 /// with its causes (the driver's own text for a TLS failure is only "error performing TLS
 /// handshake"; the cause says which certificate check failed). Never holds a password.
@@ -420,6 +451,119 @@ mod tests {
             assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Require, "{m}");
             assert!(s.tls.is_some());
         }
+    }
+
+    /// As libpq: `sslmode` means nothing on a Unix-domain socket, whatever it asks; a list
+    /// that also names a TCP host keeps its mode (the socket's host then connects only where
+    /// the mode allows plain text).
+    #[test]
+    fn a_unix_socket_ignores_sslmode_as_libpq_does() {
+        for url in [
+            "postgres://u@%2Frun%2Fpostgresql/db",
+            "postgres://u@%2Frun%2Fpostgresql:5433/db?sslmode=require",
+            "postgres:///db?host=/run/postgresql&user=u&sslmode=verify-full",
+        ] {
+            let s = parse(url).unwrap();
+            assert_eq!(s.ssl_mode(), SslMode::Disable, "{url}");
+            assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Disable, "{url}");
+            assert!(s.tls.is_none(), "{url}");
+        }
+        for url in [
+            "postgres://u@%2Frun%2Fpostgresql,db.internal/db?sslmode=require",
+            "postgres:///db?host=/run/postgresql&hostaddr=10.0.0.5&sslmode=require",
+        ] {
+            let s = parse(url).unwrap();
+            assert_eq!(s.ssl_mode(), SslMode::Require, "{url}");
+            assert_eq!(s.config.get_ssl_mode(), DriverSslMode::Require, "{url}");
+        }
+        // The TCP form of the same URL is untouched.
+        assert_eq!(
+            parse("postgres://u@localhost/db?sslmode=require")
+                .unwrap()
+                .ssl_mode(),
+            SslMode::Require
+        );
+    }
+
+    /// Over the Unix socket of the TLS-only server (`scripts/pg start-tls`, which trusts local
+    /// connections): every mode connects, in plain text, synchronously and asynchronously. A
+    /// list with the socket first and the TCP host second falls through to TCP under `require`.
+    #[test]
+    fn a_unix_socket_connects_in_plain_text_under_every_sslmode() {
+        let dir = std::env::var("LETHE_PG_TLS_SOCKET_DIR")
+            .unwrap_or_else(|_| "/var/tmp/lethe-pgtls".into());
+        let url = std::env::var("LETHE_PG_TLS_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:54319/postgres".into());
+        let port = url
+            .rsplit_once(':')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .unwrap()
+            .to_string();
+        let ca = std::env::var("LETHE_PG_TLS_CA")
+            .unwrap_or_else(|_| "/var/tmp/lethe-pgtls.certs/ca.pem".into());
+        let ssl_in_use = |c: &mut Client| -> (bool, bool) {
+            let row = c
+                .query_one(
+                    "SELECT ssl, inet_server_addr() IS NULL FROM pg_stat_ssl \
+                     WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        };
+        for q in [
+            String::new(),
+            "&sslmode=prefer".into(),
+            "&sslmode=require".into(),
+            format!("&sslmode=verify-full&sslrootcert={ca}"),
+        ] {
+            let u = format!("postgres:///postgres?host={dir}&port={port}&user=postgres{q}");
+            let s = parse(&u).unwrap();
+            let mut c = s
+                .connect()
+                .unwrap_or_else(|e| panic!("{q}: {}", describe(&e)));
+            assert_eq!(
+                ssl_in_use(&mut c),
+                (false, true),
+                "{q}: plain text, over the socket"
+            );
+        }
+        let s = parse(&format!(
+            "postgres:///postgres?host={dir}&port={port}&user=postgres&sslmode=require"
+        ))
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (c, conn) = s.connect_async("lethe-test").await.expect("async, socket");
+            tokio::spawn(conn);
+            let row = c
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .unwrap();
+            assert!(!row.get::<_, bool>(0));
+        });
+        // Socket first, then TCP: `require` skips the socket (no TLS there) and uses TCP, with
+        // TLS; `prefer` takes the socket.
+        let hosts = format!(
+            "postgres://postgres@{}:{port},127.0.0.1:{port}/postgres",
+            dir.replace('/', "%2F")
+        );
+        let mut c = parse(&format!("{hosts}?sslmode=require"))
+            .unwrap()
+            .connect()
+            .unwrap_or_else(|e| panic!("require, two hosts: {}", describe(&e)));
+        assert_eq!(ssl_in_use(&mut c), (true, false), "require: TLS over TCP");
+        let mut c = parse(&format!("{hosts}?sslmode=prefer"))
+            .unwrap()
+            .connect()
+            .unwrap_or_else(|e| panic!("prefer, two hosts: {}", describe(&e)));
+        assert_eq!(ssl_in_use(&mut c), (false, true), "prefer: the socket");
     }
 
     /// The number of trusted roots a mode's connections start from.

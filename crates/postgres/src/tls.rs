@@ -106,6 +106,11 @@ impl Tls {
         } else {
             ssl.set_verify(SslVerifyMode::NONE);
         }
+        // No name: a Unix-domain socket in a list of hosts (the server answers "no TLS" there,
+        // and the driver never starts a handshake without a host name).
+        if domain.is_empty() {
+            return Ok(ssl);
+        }
         let ip = domain.parse::<IpAddr>();
         if ip.is_err() {
             ssl.set_hostname(domain)?;
