@@ -214,8 +214,11 @@ def main() -> int:
     ci = conninfo_to_dict(a.pg_url)
     db_url = a.pg_url.rsplit("/", 1)[0] + "/lg"
     lg = make_conninfo(a.pg_url, dbname="lg")
-    helper_env = dict(os.environ, LG_PG_HOST=str(ci.get("host", "127.0.0.1")), LG_PG_PORT=str(ci.get("port", "5432")),
-                      LG_PG_USER=str(ci.get("user", "postgres")), PYTHONDONTWRITEBYTECODE="1")
+    host = str(ci.get("host", "127.0.0.1"))
+    # The peer puts LG_PG_HOST into a URI's authority: a Unix socket's folder goes to PGHOST instead.
+    socket_env = {"LG_PG_HOST": "", "PGHOST": host} if host.startswith("/") else {"LG_PG_HOST": host}
+    helper_env = dict(os.environ, LG_PG_PORT=str(ci.get("port", "5432")),
+                      LG_PG_USER=str(ci.get("user", "postgres")), PYTHONDONTWRITEBYTECODE="1", **socket_env)
     r0 = redis.Redis(host="127.0.0.1", port=6379, db=0)  # the peer's scripts hard-code it
     journal_url = a.pg_url.rsplit("/", 1)[0] + "/" + a.journal_db
     work = a.workdir or tempfile.mkdtemp(prefix="lethe-bench-pg-")
@@ -471,6 +474,7 @@ def main() -> int:
         "load_before": load_before, "load_after": load_after,
         "uptime_before": uptime_before, "uptime_after": uptime_after,
         "seed": seed, "runs_requested": a.runs, "journal": journal_url, "metadata_index": a.metadata_index,
+        "transport": "unix-socket" if host.startswith("/") else "tcp-sslmode-prefer",
         "runbook_s": rb, "bulk_s": bk, "lethe_wall_s": lw, "lethe_peak_rss_mib": lr,
         "lethe_phases_median_s": lph, "ratios": ratios, "verdict": verdict,
         "total_seconds": round(time.perf_counter() - t_start, 1),
@@ -493,7 +497,8 @@ def main() -> int:
     md = [f"Run {result['date_utc']} (commit {result['git']}); {len(ok('runbook'))}/{len(ok('bulk'))}/{len(ok('lethe'))} of "
           f"{a.runs} runs (runbook/bulk/lethe) checked ok; {m['nproc']} CPUs ({m['cpu']}), {m['mem_mib']} MiB RAM, "
           f"PostgreSQL {m['postgres']}, Redis {m['redis']}{'; CPUs kept awake by nice-19 spinners (--awake)' if a.awake else ''}; "
-          f"journal {journal_url}; metadata index {'ON' if a.metadata_index else 'off'}.",
+          f"journal {journal_url}; metadata index {'ON' if a.metadata_index else 'off'}; "
+          f"{'Unix socket, no TLS' if host.startswith('/') else 'TCP, sslmode=prefer'} on both sides.",
           f"uptime before: `{uptime_before}`; after: `{uptime_after}`.", "",
           "| seconds, median (min-max) | runbook.py | bulk_reference.py |", "|---|---|---|"]
     for key, name in (("step3", "step 3 (checkpoints)"), ("step4", "step 4 (store)"), ("step8", "step 8 (verification, as measured)"),

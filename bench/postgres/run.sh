@@ -7,6 +7,8 @@
 # Writes bench/out/postgres-*.json and prints Markdown tables. About 10-12 minutes.
 # Arguments go to run.py (--runs N, --no-seed, --big-threads N, --big-items N, --skip redis,big,
 # --metadata-index, --workdir DIR --keep). LETHE_BIN=path skips the build and benchmarks that binary instead.
+# --unix-socket (first argument): every connection, the peer's and Lethe's, goes through the private
+# server's Unix socket instead of TCP with TLS (an application on the database's own host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -x /usr/bin/time ] || { echo "missing: /usr/bin/time (apt-get install -y time)" >&2; exit 2; }
@@ -14,6 +16,13 @@ cd "$(dirname "$0")/../.."
 # this machine run it on the shared server. LETHE_BENCH_PG_URL points it elsewhere (e.g. the
 # machine's 5432). Redis cannot be private: the peer's scripts hard-code 127.0.0.1:6379, db 0.
 PG_URL="${LETHE_BENCH_PG_URL:-$(scripts/pg start-bench)}"
+if [ "${1:-}" = "--unix-socket" ]; then
+  shift
+  [ -z "${LETHE_BENCH_PG_URL:-}" ] || { echo "--unix-socket is for the private server, not LETHE_BENCH_PG_URL" >&2; exit 2; }
+  # The same server through its socket folder, percent-encoded as the URL's host.
+  sock="${LETHE_PGBENCH_DATA:-/var/tmp/lethe-pgbench}"
+  PG_URL="postgres://postgres@${sock//\//%2F}:${LETHE_PGBENCH_PORT:-54320}/postgres"
+fi
 redis-cli -p 6379 ping >/dev/null 2>&1 || scripts/redis start >/dev/null
 if [ -z "${LETHE_BIN:-}" ]; then
   cargo build --release --locked --quiet -p lethe-cli
