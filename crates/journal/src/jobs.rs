@@ -380,14 +380,7 @@ impl Journal {
         digest_key: &[u8; 32],
     ) -> Result<u64> {
         self.write(|tx| {
-            for (loc, rows) in locators {
-                tx.exec(
-                    "INSERT INTO inventory (job_id, target, locator, rows) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (job_id, target, locator) DO UPDATE SET rows = inventory.rows + excluded.rows",
-                    &[job_id.into(), target.into(), loc.as_str().into(), (*rows).into()],
-                )
-                .map_err(db)?;
-            }
+            tx.add_locators(job_id, target, locators).map_err(db)?;
             let count: u64 = locators.iter().map(|(_, n)| n).sum();
             tx.exec(
                 "UPDATE target_progress SET inventoried = inventoried + $3, erased = NULL, residue = NULL WHERE job_id = $1 AND target = $2",
@@ -409,16 +402,14 @@ impl Journal {
     pub fn inventory(&self, job_id: &str, target: &str) -> Result<Option<(u64, Vec<Locator>)>> {
         self.read(|tx| {
             let count = tx
-                .row("SELECT inventoried FROM target_progress WHERE job_id = $1 AND target = $2", &[job_id.into(), target.into()])
+                .row(
+                    "SELECT inventoried FROM target_progress WHERE job_id = $1 AND target = $2",
+                    &[job_id.into(), target.into()],
+                )
                 .map_err(db)?
                 .and_then(|r| r[0].i());
             let Some(count) = count else { return Ok(None) };
-            let locs = tx
-                .rows("SELECT locator, rows FROM inventory WHERE job_id = $1 AND target = $2 ORDER BY locator", &[job_id.into(), target.into()])
-                .map_err(db)?
-                .into_iter()
-                .map(|r| (r[0].text(), r[1].i().unwrap_or(0) as u64))
-                .collect();
+            let locs = tx.locators(job_id, target).map_err(db)?;
             Ok(Some((count as u64, locs)))
         })
     }
@@ -484,8 +475,7 @@ impl Journal {
             .map_err(db)?;
             tx.exec("DELETE FROM fences WHERE job_id = $1", &[job_id.into()])
                 .map_err(db)?;
-            tx.exec("DELETE FROM inventory WHERE job_id = $1", &[job_id.into()])
-                .map_err(db)?;
+            tx.drop_locators(job_id).map_err(db)?;
             apply(
                 tx,
                 at,
