@@ -5,7 +5,10 @@ use sha2::{Digest, Sha256};
 
 use crate::db::{Tx, V};
 
-const VERSION: i64 = 2;
+/// 3: on PostgreSQL, frozen locators in `inventory_parts`; a Lethe of version 2 would find a
+/// job frozen by version 3 without locators. Recorded at every migration; an open refuses a
+/// store of a newer version than its own.
+const VERSION: i64 = 3;
 
 /// Which SQL spelling of integer columns to use.
 #[derive(Clone, Copy)]
@@ -361,6 +364,16 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
         if recorded.is_some_and(|r| r[0].text() == fingerprint) {
             return Ok(());
         }
+        let version = tx
+            .row("SELECT v FROM lethe_meta WHERE k = 'schema_version'", &[])?
+            .and_then(|r| r[0].text().parse::<i64>().ok());
+        if let Some(v) = version.filter(|v| *v > VERSION) {
+            return Err(format!(
+                "this journal's schema is version {v}, newer than this Lethe's ({VERSION}): \
+                 a newer Lethe uses it; upgrade this one (every process sharing a journal runs \
+                 the same version)"
+            ));
+        }
     }
     for stmt in ddl.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         tx.exec(stmt, &[])?;
@@ -369,7 +382,7 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
         tx.exec(f, &[])?;
     }
     tx.exec(
-        "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO NOTHING",
+        "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
         &[V::T(VERSION.to_string())],
     )?;
     tx.exec(

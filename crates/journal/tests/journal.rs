@@ -187,6 +187,25 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     // And the store works.
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     assert_eq!(j.freeze(AT, &a, None).unwrap().subject_epoch, Some(1));
+    drop(j);
+    // The migration recorded this Lethe's schema version; a store a newer Lethe migrated is
+    // refused, with a message that says so, and left as it is.
+    assert_eq!(
+        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '3'"),
+        1
+    );
+    st.raw("UPDATE lethe_meta SET v = 'newer' WHERE k = 'schema_fingerprint'");
+    st.raw("UPDATE lethe_meta SET v = '99' WHERE k = 'schema_version'");
+    let e = Journal::open_url(&st.url(), std::path::Path::new(".")).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("schema is version 99, newer than this Lethe's (3)"),
+        "{e}"
+    );
+    assert_eq!(
+        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_fingerprint' AND v = 'newer'"),
+        1
+    );
 }
 
 fn t(s: &str) -> Tenant {
