@@ -96,7 +96,8 @@ pub(crate) trait Tx {
         false
     }
     /// Inserts a target's frozen locators (unique, as an inventory's are) into `inventory`.
-    /// Multi-row `INSERT`s here; PostgreSQL overrides it with one statement of two arrays.
+    /// Multi-row `INSERT`s here; PostgreSQL overrides it with one row of two arrays in
+    /// `inventory_parts`.
     fn insert_locators(
         &mut self,
         job_id: &str,
