@@ -387,7 +387,8 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
                 return Err("inventory part with unequal arrays".into());
             }
             for (l, n) in locs.into_iter().zip(rows) {
-                *all.entry(l).or_insert(0) += n.max(0) as u64;
+                let e = all.entry(l).or_insert(0);
+                *e = e.saturating_add(n.max(0) as u64);
             }
         }
         Ok(all.into_iter().collect())

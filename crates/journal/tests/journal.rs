@@ -181,6 +181,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     );
     // Another fingerprint (a store an older Lethe made): migrated, and the new one recorded.
     st.raw("UPDATE lethe_meta SET v = 'older' WHERE k = 'schema_fingerprint'");
+    st.raw("UPDATE lethe_meta SET v = '2' WHERE k = 'schema_version'");
     let j = st.open();
     assert_eq!(st.count(index), 1, "the older schema was not migrated");
     assert_eq!(st.count(fingerprint), 1);
