@@ -367,9 +367,16 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
         if recorded.is_some_and(|r| r[0].text() == fingerprint) {
             return Ok(());
         }
-        let version = tx
-            .row("SELECT v FROM lethe_meta WHERE k = 'schema_version'", &[])?
-            .and_then(|r| r[0].text().parse::<i64>().ok());
+        // A recorded version that is not a number was not written by any Lethe: refuse it
+        // rather than read it as "no version" and migrate over it.
+        let version = match tx.row("SELECT v FROM lethe_meta WHERE k = 'schema_version'", &[])? {
+            None => None,
+            Some(r) => Some(r[0].text().parse::<i64>().map_err(|_| {
+                "this journal's recorded schema version is not a number; it was not written \
+                 by Lethe, so it is left as it is (check the journal's lethe_meta table)"
+                    .to_string()
+            })?),
+        };
         if let Some(v) = version.filter(|v| *v > VERSION) {
             return Err(format!(
                 "this journal's schema is version {v}, newer than this Lethe's ({VERSION}): \
@@ -383,6 +390,15 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
     }
     for f in functions {
         tx.exec(f, &[])?;
+    }
+    if let Dialect::Postgres = dialect {
+        // A Lethe older than version 3 that completed a job knew nothing of its parts and left
+        // them; completion drops a job's locators, so any still here are such leftovers.
+        tx.exec(
+            "DELETE FROM inventory_parts WHERE job_id IN \
+             (SELECT j.job_id FROM jobs j WHERE j.state = 'COMPLETE')",
+            &[],
+        )?;
     }
     tx.exec(
         "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO UPDATE SET v = excluded.v",

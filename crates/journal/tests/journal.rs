@@ -57,7 +57,15 @@ impl Store {
         let admin = format!("{admin}{options}");
         let name = format!("lethe_j_{}_{}", std::process::id(), N.fetch_add(1, SeqCst));
         let mut c = connect(&admin).expect("PostgreSQL reachable (scripts/test)");
-        c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        // A linguistic collation where the server has ICU (as most deployments' databases
+        // have one), so an order that only holds under "C" fails here; plain otherwise.
+        if c.batch_execute(&format!(
+            "CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'und'"
+        ))
+        .is_err()
+        {
+            c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        }
         let head = admin.split_once('?').map_or(&*admin, |(h, _)| h);
         let url = format!("{}/{name}{options}", head.rsplit_once('/').unwrap().0);
         Store::Postgres { admin, name, url }
@@ -180,10 +188,34 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
         "an open with the recorded schema ran DDL"
     );
     // Another fingerprint (a store an older Lethe made): migrated, and the new one recorded.
+    // On PostgreSQL, locators a Lethe older than version 3 left behind a job it completed are
+    // dropped; an unfinished job's are kept.
+    if let Store::Postgres { .. } = st {
+        let j = st.open();
+        let done = job(&j, "del-done", subject_scope("acme", "carol"));
+        let open = job(&j, "del-open", subject_scope("acme", "dave"));
+        for id in [&done, &open] {
+            j.freeze(AT, id, None).unwrap();
+            j.put_inventory(AT, id, "cache", 1, &[("k".to_string(), 1)], &[7u8; 32])
+                .unwrap();
+        }
+        drop(j);
+        st.raw(&format!(
+            "UPDATE jobs SET state = 'COMPLETE' WHERE job_id = '{done}'"
+        ));
+        assert_eq!(st.count("SELECT count(*) FROM inventory_parts"), 2);
+    }
     st.raw("UPDATE lethe_meta SET v = 'older' WHERE k = 'schema_fingerprint'");
     st.raw("UPDATE lethe_meta SET v = '2' WHERE k = 'schema_version'");
     let j = st.open();
     assert_eq!(st.count(index), 1, "the older schema was not migrated");
+    if let Store::Postgres { .. } = st {
+        assert_eq!(
+            st.count("SELECT count(*) FROM inventory_parts"),
+            1,
+            "the completed job's leftover locators were not dropped, or the open job's were"
+        );
+    }
     assert_eq!(st.count(fingerprint), 1);
     // And the store works.
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
@@ -205,6 +237,14 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     );
     assert_eq!(
         st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_fingerprint' AND v = 'newer'"),
+        1
+    );
+    // A version that is not a number is refused too, not taken for a missing one.
+    st.raw("UPDATE lethe_meta SET v = 'three' WHERE k = 'schema_version'");
+    let e = Journal::open_url(&st.url(), std::path::Path::new(".")).unwrap_err();
+    assert!(e.to_string().contains("not a number"), "{e}");
+    assert_eq!(
+        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = 'three'"),
         1
     );
 }
@@ -833,14 +873,29 @@ fn an_inventory_of_many_locators_is_stored_whole_and_kept_on_a_second_put(st: St
     let id = job(&j, "del-inv", subject_scope("acme", "alice"));
     j.freeze(AT, &id, None).unwrap();
     let key = [7u8; 32];
-    let locators: Vec<(String, u64)> = (0..1001u64)
+    // Given out of order (a fixed shuffle), and with pairs whose order in a linguistic
+    // collation differs from their byte order ("B" < "a", "f" < "é", "-" < "_" < "a").
+    let mut locators: Vec<(String, u64)> = (0..1001u64)
         .map(|i| {
             (
                 format!("k:{i:05}'é\"{}", "x".repeat((i % 7) as usize)),
                 1 + i % 3,
             )
         })
+        .chain(
+            ["B", "a", "é", "f", "-x", "_x", "ax", "Ä", "z"]
+                .iter()
+                .map(|s| (s.to_string(), 1)),
+        )
         .collect();
+    let mut x = 0x9e37_79b9u64;
+    for i in (1..locators.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        locators.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    assert!(locators.windows(2).any(|w| w[0] > w[1]), "not shuffled");
     let count: u64 = locators.iter().map(|(_, n)| n).sum();
     j.put_inventory(AT, &id, "cache", count, &locators, &key)
         .unwrap();
