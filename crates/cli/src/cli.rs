@@ -417,15 +417,28 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 .journal()
                 .job(&job_id)
                 .map_err(|e| bad(format!("{e}; `lethe jobs` lists them")))?;
+            // The configuration's targets, then any the job inventoried that it no longer has
+            // (the job refuses to run until they are back).
+            let mut names: Vec<String> = engine.targets().iter().map(|t| t.name.clone()).collect();
+            let job_targets = engine
+                .journal()
+                .job_targets(&job_id)
+                .map_err(EngineError::from)?;
+            for n in &job_targets {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
+            }
             let mut targets = serde_json::Map::new();
-            for t in engine.targets() {
+            for name in names {
                 let (inv, erased, residue) = engine
                     .journal()
-                    .progress(&job_id, &t.name)
+                    .progress(&job_id, &name)
                     .map_err(EngineError::from)?;
+                let configured = engine.targets().iter().any(|t| t.name == name);
                 targets.insert(
-                    t.name.clone(),
-                    json!({"inventoried": inv, "erased": erased, "residue": residue}),
+                    name,
+                    json!({"inventoried": inv, "erased": erased, "residue": residue, "configured": configured}),
                 );
             }
             let out = engine.outcome(&job_id)?;
@@ -461,7 +474,11 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 for (name, v) in &targets {
                     let f = |k: &str| v[k].as_u64().map_or("-".to_string(), |n| n.to_string());
                     t.row(vec![
-                        name.clone(),
+                        if v["configured"] == true {
+                            name.clone()
+                        } else {
+                            format!("{name} (not in this config)")
+                        },
                         f("inventoried"),
                         f("erased"),
                         f("residue"),

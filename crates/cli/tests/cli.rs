@@ -1289,3 +1289,70 @@ fn a_row_added_to_a_frozen_thread_blocks_the_job_as_anomalous_and_nothing_of_the
         "every other subject kept every row"
     );
 }
+
+/// A job frozen with a target the configuration no longer has (removed or renamed) refuses to
+/// run, touching nothing, instead of erasing and certifying the others while that target's
+/// frozen rows stay; with the target back under its name it completes.
+#[test]
+fn a_job_whose_inventoried_target_left_the_config_refuses_to_run_until_it_is_back() {
+    let env = Env::new(1);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    let job = kill_at(&env, "after-inventory");
+    let full = std::fs::read_to_string(env.path().join("lethe.toml")).unwrap();
+    let renamed = full.replace("name = \"checkpoints\"", "name = \"threads\"");
+    for config in [
+        renamed.as_str(),
+        &CONFIG_WITHOUT_CHECKPOINTS.replace("BATCH", "1"),
+    ] {
+        std::fs::write(env.path().join("lethe.toml"), config).unwrap();
+        let before = env.memory_bytes();
+        for args in [vec!["resume", &job], ERASE_ALICE.to_vec()] {
+            let out = env.run(&args);
+            assert_eq!(code(&out), 2, "{}", stderr(&out));
+            assert!(
+                stderr(&out)
+                    .contains("target(s) checkpoints that this configuration does not have"),
+                "{}",
+                stderr(&out)
+            );
+            assert_eq!(env.memory_bytes(), before, "nothing touched");
+        }
+        let (c, shown) = env.json(&["job", "show", &job, "--json"]);
+        assert_eq!(c, 0);
+        assert_eq!(shown["state"], "FROZEN", "{shown}");
+        assert_eq!(
+            shown["targets"]["checkpoints"]["configured"], false,
+            "{shown}"
+        );
+        assert_eq!(
+            shown["targets"]["checkpoints"]["inventoried"], inv["checkpoints"]["count"],
+            "{shown}"
+        );
+    }
+    std::fs::write(env.path().join("lethe.toml"), full).unwrap();
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    for t in ["checkpoints", "memories"] {
+        assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
+    }
+    assert_eq!(env.inventory("acme", "alice")["checkpoints"]["count"], 0);
+    assert_eq!(env.others_rows(), others, "others untouched");
+}
+
+const CONFIG_WITHOUT_CHECKPOINTS: &str = r#"
+[control]
+journal = "sqlite:lethe-journal.db"
+key_file = "lethe.key"
+policy_version = "test-1"
+certificates = "certificates"
+batch_size = BATCH
+
+[[target]]
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "memory/store.db"
+namespace = ["{tenant}", "{subject}"]
+"#;

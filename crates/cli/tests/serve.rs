@@ -217,3 +217,50 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("readable by group or others"));
 }
+
+/// SIGTERM (what systemd and Kubernetes send) stops the server cleanly on either control
+/// store: exit 0 and no panic. On PostgreSQL the engine's blocking journal client used to be
+/// dropped on the runtime's threads, which panicked ("Cannot start a runtime from within a
+/// runtime").
+#[test]
+fn sigterm_stops_the_server_cleanly_on_either_journal() {
+    let admin = std::env::var("LETHE_PG15_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let db = format!("lethe_cs_{}", std::process::id());
+    let mut pg = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
+        .unwrap();
+    pg.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+    for journal in ["sqlite:lethe-journal.db".to_string(), url] {
+        let dir = setup(&CONFIG.replace("sqlite:lethe-journal.db", &journal));
+        let err = std::fs::File::create(dir.path().join("serve.err")).unwrap();
+        let mut child = lethe(dir.path())
+            .arg("serve")
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line.trim().strip_prefix("Listening on http://").unwrap();
+        // Every kind of connection in use: a lease, a permit and its release.
+        let rt = Client::new(addr, RUNTIME);
+        let lease = rt.take_lease("acme", "alice", &[], 60_000).unwrap();
+        let permit = rt.take_permit(lease.lease_id, Sink::State).unwrap();
+        rt.release_permit(permit).unwrap();
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        let err = std::fs::read_to_string(dir.path().join("serve.err")).unwrap();
+        assert!(!err.contains("panicked"), "{journal}: {err}");
+        assert_eq!(status.code(), Some(0), "{journal}: {err}");
+    }
+    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .unwrap();
+}

@@ -262,6 +262,7 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
+        self.refuse_if_targets_missing(job_id)?;
         loop {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));
@@ -301,6 +302,27 @@ impl Engine {
             tracing::warn!(job = %job.job_id, target = %t.name, added, "Inventory extended by the operator after a residue block.");
         }
         Ok(Step::Next)
+    }
+
+    /// Refuses (exit 2, nothing touched) a job that inventoried a target this configuration
+    /// does not have (removed or renamed since): the job would otherwise erase, verify and
+    /// certify the others and never look at that target's frozen rows again.
+    fn refuse_if_targets_missing(&self, job_id: &str) -> Result<(), EngineError> {
+        let missing: Vec<String> = self
+            .journal
+            .job_targets(job_id)?
+            .into_iter()
+            .filter(|name| !self.targets.iter().any(|t| &t.name == name))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(input(format!(
+            "job {job_id} froze an inventory on target(s) {} that this configuration does not \
+             have: nothing was touched; run it with the configuration it started with (each \
+             target under the same name)",
+            missing.join(", ")
+        )))
     }
 
     /// Refuses (exit 4) while a legal hold covers the job's scope; journals the refusal.

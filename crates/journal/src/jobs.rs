@@ -444,6 +444,21 @@ impl Journal {
         })
     }
 
+    /// The targets a job has inventoried (exempt ones included), by name.
+    pub fn job_targets(&self, job_id: &str) -> Result<Vec<String>> {
+        self.read(|tx| {
+            Ok(tx
+                .rows(
+                    "SELECT target FROM target_progress WHERE job_id = $1 ORDER BY target",
+                    &[job_id.into()],
+                )
+                .map_err(db)?
+                .into_iter()
+                .map(|r| r[0].text().to_string())
+                .collect())
+        })
+    }
+
     /// A target's progress: (inventoried count, erased, residue).
     pub fn progress(
         &self,
