@@ -91,8 +91,9 @@ pub enum Command {
     Verify {
         #[command(flatten)]
         scope: ScopeArgs,
-        /// Also run each target's independent audit: for a Redis target in index mode, a scan
-        /// of the keyspace, which finds keys the index never listed (slower: it walks every key).
+        /// Also run each target's independent audit: for a Redis target in index mode, or in
+        /// scan mode with `verify = "frozen"`, a scan of the keyspace, which finds keys the
+        /// index or the frozen list never held (slower: it walks every key).
         #[arg(long)]
         audit: bool,
         /// Print JSON: {"clean", "targets": {NAME: {"residue"}}}.

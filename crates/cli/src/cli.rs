@@ -141,6 +141,24 @@ fn outcome_code(o: &Outcome) -> i32 {
 }
 
 pub(crate) fn print_outcome(o: &Outcome, json: bool) {
+    // A certificate of nothing is valid, but a mistyped identifier (another case, a stray
+    // space) produces exactly that, and the certificate only holds a hash: say so, on stderr.
+    if let Some(targets) = o
+        .certificate
+        .as_ref()
+        .and_then(|c| c["targets"].as_object())
+    {
+        let counts: Vec<u64> = targets
+            .values()
+            .filter_map(|t| t["count"].as_u64())
+            .collect();
+        if !counts.is_empty() && counts.iter().all(|&n| n == 0) {
+            eprintln!(
+                "warning: no target held anything for this scope; the job is complete, but check \
+                 the identifiers (they match exactly: case, spaces and all)"
+            );
+        }
+    }
     if json {
         print_json(&json!({
             "job_id": o.job_id,
@@ -186,9 +204,11 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         Command::Demo { dir } => crate::demo::run(&dir),
         Command::Serve { listen } => crate::serve::run(&config, listen),
         Command::Targets { json } => {
-            let engine = open_engine(&config)?;
+            // No journal: this is the connectivity check, and must work while the journal is
+            // what is down.
+            let cfg = Config::load(&config).map_err(bad)?;
             let mut rows = Vec::new();
-            for t in engine.targets() {
+            for t in &cfg.targets {
                 let d = t.adapter.describe();
                 let probe = t.adapter.probe();
                 rows.push((

@@ -100,7 +100,9 @@ pub fn certificate_markdown(c: &Value) -> String {
         }
     }
     out.push_str(&format!(
-        "\nSigned by `{}`. Verify offline: `lethe certificate verify FILE`.\nThis certificate holds no identifier and no memory content.\n",
+        "\nSigned by `{}`. Verify offline against the deployment's published public key: \
+         `lethe certificate verify FILE --public-key KEY` (where the deployment's config and key \
+         are, `--public-key` can be left out).\nThis certificate holds no identifier and no memory content.\n",
         s("signed_by")
     ));
     out

@@ -319,6 +319,58 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
     ]);
     assert_eq!(code(&out), 2);
     assert!(stderr(&out).contains("past"), "{}", stderr(&out));
+    // An extension reason without the deadline it justifies, or spanning lines, is refused.
+    let erase = |extra: &[&str]| {
+        let mut args = ERASE_ALICE.to_vec();
+        args.extend(extra);
+        env.run(&args)
+    };
+    let out = erase(&["--extension-reason", "complex request"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("goes with the --deadline"),
+        "{}",
+        stderr(&out)
+    );
+    let out = erase(&["--extension-reason", "a\nb", "--deadline", "2099-01-01"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("control characters"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&[
+        "hold",
+        "add",
+        "--tenant",
+        "acme",
+        "--reason",
+        "x\u{1b}[31mred",
+    ]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("control characters"),
+        "{}",
+        stderr(&out)
+    );
+    // A value typed without its flag is not repeated in the error.
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "alice",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ]);
+    assert_eq!(code(&out), 2);
+    assert!(!stderr(&out).contains("alice"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("every value needs its flag"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(env.memory_bytes(), before, "no memory file changed");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
@@ -1356,3 +1408,62 @@ class = "primary"
 path = "memory/store.db"
 namespace = ["{tenant}", "{subject}"]
 "#;
+
+/// An erasure that finds nothing completes (a certificate of nothing is valid) and warns on
+/// stderr, since a mistyped identifier looks exactly like that; one that erased rows does not.
+#[test]
+fn an_erasure_that_found_nothing_warns_that_the_identifiers_may_be_wrong() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "Alice",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no target held anything"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("Alice"), "{}", stderr(&out));
+    assert_eq!(env.others_rows(), others, "nothing else touched");
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("no target held anything"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `targets` is the connectivity check: it lists and probes the targets while the journal is
+/// the thing that is down, and only a job command fails on the journal.
+#[test]
+fn targets_answer_while_the_journal_is_unreachable() {
+    let env = Env::with_config(
+        &CONFIG
+            .replace("BATCH", "500")
+            .replace("sqlite:lethe-journal.db", "postgres://nobody@127.0.0.1:1/x"),
+    );
+    let (c, v) = env.json(&["targets", "--json"]);
+    assert_eq!(c, 0, "{v}");
+    let names: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            assert_eq!(t["reachable"], true, "{t}");
+            t["name"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(names, ["checkpoints", "memories"]);
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+}

@@ -361,6 +361,11 @@ impl Engine {
         subject: Option<&lethe_core::Subject>,
         reason: Option<&str>,
     ) -> Result<String, EngineError> {
+        if reason.is_some_and(|r| r.chars().any(char::is_control)) {
+            return Err(input(
+                "--reason must be one line without control characters",
+            ));
+        }
         let id = format!("hold-{}", random_hex(4)?);
         let scope = match subject {
             Some(s) => Scope::Subject {
@@ -403,6 +408,19 @@ impl Engine {
             return Err(input(
                 "--ticket must be a non-empty reference without control characters",
             ));
+        }
+        if let Some(r) = &req.extension_reason {
+            if r.trim().is_empty() || r.chars().any(char::is_control) {
+                return Err(input(
+                    "--extension-reason must be non-empty and one line without control characters",
+                ));
+            }
+            if req.deadline.is_none() {
+                return Err(input(
+                    "--extension-reason goes with the --deadline it justifies (a date past the \
+                     basis's first period); without one it would be recorded and do nothing",
+                ));
+            }
         }
         // A memory scope must name a version some target holds (or an explicit one) before a
         // job exists: a request that cannot be frozen creates nothing.

@@ -154,6 +154,27 @@ impl Journal {
         // handler, when another connection of this process is in a transaction meanwhile (seen
         // with eight threads opening one new file at once).
         let setup = lock(&writers);
+        // The journal holds scopes (identifiers) and, while a job is open, its locators: a new
+        // file is readable by its owner only, and SQLite gives its -wal and -shm the same mode.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(JournalError::Db {
+                        store: shown.clone(),
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
         let conn = rusqlite::Connection::open(path).map_err(err)?;
         conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")

@@ -1065,3 +1065,23 @@ fn postgres_reads_and_drops_locators_a_job_froze_before_the_parts_existed() {
         0
     );
 }
+
+/// A new SQLite journal (and its -wal) is readable by its owner only: it holds scopes.
+#[test]
+fn a_new_sqlite_journal_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let st = Store::sqlite();
+    let j = st.open();
+    let id = job(&j, "del-perm", subject_scope("acme", "alice"));
+    j.freeze(AT, &id, None).unwrap();
+    let Store::Sqlite(dir) = &st else {
+        unreachable!()
+    };
+    for f in ["j.db", "j.db-wal"] {
+        let mode = std::fs::metadata(dir.path().join(f))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{f}: {mode:o}");
+    }
+}

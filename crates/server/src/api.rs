@@ -113,7 +113,29 @@ fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     b.map(|Json(t)| t)
-        .map_err(|e| ApiError::bad_request(e.body_text()))
+        .map_err(|e| ApiError::bad_request(redact_quoted(&e.body_text())))
+}
+
+/// The JSON parser's message without the values it quotes: serde quotes the offending value
+/// (`` invalid type: integer `987654321` ``, `invalid type: string "mk-…"`), and a runtime that
+/// sends a numeric user id or a memory id in the wrong place would find it in its own error
+/// logs. What is left names the field and what was expected.
+fn redact_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut chars = message.chars();
+    while let Some(c) = chars.next() {
+        if c == '`' || c == '"' {
+            out.push(c);
+            out.push('…');
+            out.push(c);
+            if !chars.by_ref().any(|d| d == c) {
+                break;
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Runs a gate call on a pooled connection, off the async threads.

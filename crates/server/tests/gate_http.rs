@@ -527,6 +527,37 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
     );
     let e = env.operator().create_job(&json!({"tenant": "acme", "subject": "bob", "basis": "gdpr-art17", "ticket": "T", "extra": 1}));
     assert_eq!(code(e.unwrap_err()), "bad_request");
+    // A value of the wrong type is not quoted back: the message names the field only.
+    for (path, body, field) in [
+        (
+            "/v1/leases",
+            json!({"tenant": "acme", "subject": 987654321}),
+            "subject",
+        ),
+        (
+            "/v1/leases",
+            json!({"tenant": "acme", "subject": "bob", "reads": ["mk-secret-42"]}),
+            "reads[0]",
+        ),
+        (
+            "/v1/permits",
+            json!({"lease_id": lease.lease_id, "sink": "secret-sink-42"}),
+            "sink",
+        ),
+    ] {
+        let e = rt.call("POST", path, Some(&body)).unwrap_err();
+        let m = e.to_string();
+        assert_eq!(code(e), "bad_request", "{m}");
+        assert!(m.contains(field), "{m}");
+        for value in ["987654321", "mk-secret-42", "secret-sink-42"] {
+            assert!(!m.contains(value), "{m}");
+        }
+    }
+    let e = env.operator().create_job(
+        &json!({"tenant": 424242, "subject": "bob", "basis": "gdpr-art17", "ticket": "T"}),
+    );
+    let m = e.unwrap_err().to_string();
+    assert!(m.contains("tenant") && !m.contains("424242"), "{m}");
 }
 
 /// `POST /v1/permits` with `release`: the permit is released in the same request, whether the
