@@ -16,7 +16,7 @@ never run, and the run ends with ``lethe_gate.Revoked``.
 No LLM is reachable here, so the model is scripted (``ScriptedModel``); swap in a chat model's
 ``.stream()`` and ``.invoke()`` and nothing else changes.
 
-    python examples/langgraph_agent.py --url http://127.0.0.1:8080 --token RUNTIME_TOKEN
+    python examples/langgraph_agent.py --url http://127.0.0.1:7400 --token RUNTIME_TOKEN
     # and, with an operator token, start an erasure of the person after 3 tokens:
     python examples/langgraph_agent.py --url ... --token OPERATOR_TOKEN --erase-after 3
 """
@@ -115,7 +115,7 @@ def build_graph(gate: Gate, store: BaseStore, model: ScriptedModel, checkpointer
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", required=True, help="the gate, e.g. http://127.0.0.1:8080")
+    ap.add_argument("--url", required=True, help="the gate, e.g. http://127.0.0.1:7400")
     ap.add_argument("--token", required=True, help="a runtime (or operator) token")
     ap.add_argument("--tenant", default="acme")
     ap.add_argument("--subject", default="alice")

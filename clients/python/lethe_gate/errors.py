@@ -89,6 +89,13 @@ class BadRequest(GateError):
     code = "bad_request"
 
 
+class Held(GateError):
+    """A legal hold covers the job's scope: it stays REQUESTED, nothing touched, until the hold
+    is released and the job resumed (HTTP 409 ``held``; operator calls only)."""
+
+    code = "held"
+
+
 class Unavailable(GateError):
     """The gate could not be reached, or answered something that is not the API.
 
@@ -111,12 +118,20 @@ _BY_CODE: dict[str, type[GateError]] = {
         Unauthorized,
         Forbidden,
         BadRequest,
+        Held,
+        Unavailable,
     )
 }
+# The server's own 503 (its control store did not answer) is ``Unavailable`` like a transport
+# error, so one ``except Unavailable`` covers an outage whichever timer fires first; so are a
+# proxy's 502 and 504.
 _BY_STATUS: dict[int, type[GateError]] = {
     400: BadRequest,
     401: Unauthorized,
     403: Forbidden,
+    502: Unavailable,
+    503: Unavailable,
+    504: Unavailable,
 }
 
 

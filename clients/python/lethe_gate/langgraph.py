@@ -91,6 +91,7 @@ class Gate:
         lease = self._bound(thread_id)
         if lease is not None:
             metadata[EPOCH_KEY] = lease.epoch
+            metadata[TENANT_EPOCH_KEY] = lease.tenant_epoch
         return {"configurable": {"thread_id": thread_id, **configurable}, "metadata": metadata}
 
     def who(self, config: RunnableConfig) -> tuple[str, str]:
@@ -223,9 +224,12 @@ def _thread(config: RunnableConfig) -> str:
 class GatedCheckpointer(BaseCheckpointSaver):
     """A checkpointer whose writes take a ``state`` permit from the thread's lease.
 
-    Each checkpoint's metadata gets ``lethe_epoch`` and the tenant and subject keys, so the
-    database guard can refuse a write carrying an old epoch. Writes of a thread that holds no
-    lease yet (the run's input, before its memory read) pass through ungated.
+    Each checkpoint's metadata gets ``lethe_epoch``, ``lethe_tenant_epoch`` and the tenant and
+    subject keys, so the database guard can refuse a write carrying an old epoch. A write of a
+    person's thread that holds no lease yet (the run's input checkpoint, written before its
+    memory read) first takes a lease that read nothing: it is gated and stamped like the others
+    (without the stamp, the database guard refuses every write for a person erased before).
+    Writes whose run metadata names no person pass through ungated.
     """
 
     def __init__(self, inner: BaseCheckpointSaver, gate: Gate) -> None:
@@ -246,23 +250,37 @@ class GatedCheckpointer(BaseCheckpointSaver):
             self.gate.subject_key: lease.subject,
         }
 
+    def _lease(self, config, metadata=None) -> Lease | None:
+        """The thread's lease; for a person's thread without one, a new lease that read
+        nothing (raises :class:`~lethe_gate.Fenced` during the person's erasure)."""
+        thread = _thread(config)
+        lease = self.gate._bound(thread)
+        if lease is not None:
+            return lease
+        md = {**(metadata or {}), **(config.get("metadata") or {})}
+        tenant, subject = md.get(self.gate.tenant_key), md.get(self.gate.subject_key)
+        if not (isinstance(tenant, str) and isinstance(subject, str)):
+            return None
+        who = {self.gate.tenant_key: tenant, self.gate.subject_key: subject}
+        return self.gate.take_lease({"configurable": {"thread_id": thread}, "metadata": who}, [])
+
     # Writes: under a permit.
     def put(self, config, checkpoint, metadata, new_versions):
-        lease = self.gate._bound(_thread(config))
+        lease = self._lease(config, metadata)
         if lease is None:
             return self.inner.put(config, checkpoint, metadata, new_versions)
         with lease.permit("state"):
             return self.inner.put(config, checkpoint, self._stamp(lease, metadata), new_versions)
 
     def put_writes(self, config, writes, task_id, task_path=""):
-        lease = self.gate._bound(_thread(config))
+        lease = self._lease(config)
         if lease is None:
             return self.inner.put_writes(config, writes, task_id, task_path)
         with lease.permit("state"):
             return self.inner.put_writes(config, writes, task_id, task_path)
 
     async def aput(self, config, checkpoint, metadata, new_versions):
-        lease = self.gate._bound(_thread(config))
+        lease = await asyncio.to_thread(self._lease, config, metadata)
         if lease is None:
             return await self.inner.aput(config, checkpoint, metadata, new_versions)
         permit = lease.permit("state")
@@ -276,7 +294,7 @@ class GatedCheckpointer(BaseCheckpointSaver):
         return r
 
     async def aput_writes(self, config, writes, task_id, task_path=""):
-        lease = self.gate._bound(_thread(config))
+        lease = await asyncio.to_thread(self._lease, config)
         if lease is None:
             return await self.inner.aput_writes(config, writes, task_id, task_path)
         permit = lease.permit("state")

@@ -65,6 +65,13 @@ class GateTest(unittest.TestCase):
             self.rt.take_lease("acme", "")
         with self.assertRaises(lethe_gate.NoSuchLease):
             self.rt.take_permit(987_654_321, "tool")
+        # The server's 503 (its control store did not answer) is Unavailable, as a transport
+        # error is; a legal hold on a job is Held.
+        from lethe_gate.errors import error_for
+
+        self.assertIsInstance(error_for(503, "unavailable", "store"), lethe_gate.Unavailable)
+        self.assertIsInstance(error_for(504, None, None), lethe_gate.Unavailable)
+        self.assertIsInstance(error_for(409, "held", "hold"), lethe_gate.Held)
 
     def test_permit_refused_after_the_erasure_closes_the_fence(self):
         s = subject()

@@ -169,7 +169,7 @@ class GraphTest(unittest.TestCase):
         self.assertEqual(out["tokens"], [])
         self.server.wait_job(self.op, job)
 
-    def test_run_during_an_erasure_is_refused_at_the_memory_read(self):
+    def test_run_during_an_erasure_is_refused_before_its_first_write(self):
         # A permit held elsewhere keeps the fence closed while the graph starts.
         other = self.client.take_lease("acme", self.subject)
         held = other.permit("state").__enter__()
@@ -179,6 +179,8 @@ class GraphTest(unittest.TestCase):
         self.run_graph(build_graph(self.gate, self.store, ScriptedModel(), self.saver), out)
         self.assertIsInstance(out.get("error"), lethe_gate.Fenced, out)
         self.assertEqual(out["tokens"], [])
+        # Refused at the input checkpoint: its lease is refused, so nothing was written.
+        self.assertEqual(list(self.saver.list(self.config)), [])
         held.__exit__(lethe_gate.Revoked, lethe_gate.Revoked(), None)
         self.server.wait_job(self.op, job)
 

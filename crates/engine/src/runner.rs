@@ -325,8 +325,14 @@ impl Engine {
         )))
     }
 
+    /// [`EngineError::Held`] (journaled) if a legal hold covers the job's scope now: for a
+    /// caller that answers before it runs the job elsewhere (`lethe serve`).
+    pub fn refuse_if_held(&self, job_id: &str) -> Result<(), EngineError> {
+        self.refuse_if_job_held(&self.journal.job(job_id)?)
+    }
+
     /// Refuses (exit 4) while a legal hold covers the job's scope; journals the refusal.
-    fn refuse_if_held(&self, job: &JobRecord) -> Result<(), EngineError> {
+    fn refuse_if_job_held(&self, job: &JobRecord) -> Result<(), EngineError> {
         let holds = self
             .journal
             .holds_covering(job.scope.tenant(), job.scope.subject())?;
@@ -343,7 +349,7 @@ impl Engine {
     }
 
     fn step_requested(&self, job: &JobRecord) -> Result<Step, EngineError> {
-        self.refuse_if_held(job)?;
+        self.refuse_if_job_held(job)?;
         let version = self.resolve_version(&job.scope)?;
         let at = self.now_rfc3339();
         let f = match &self.gate {
@@ -746,7 +752,7 @@ impl Engine {
     ) -> Result<Step, EngineError> {
         // A hold placed while the job was blocked stops it here: preservation wins over
         // erasure until the hold is released.
-        self.refuse_if_held(job)?;
+        self.refuse_if_job_held(job)?;
         // A BLOCKED job keeps its fence closed; closing again is idempotent and covers a guard
         // installed since. An unreachable guard leaves the job BLOCKED as it is (no new entry:
         // BLOCKED has no transition to itself).

@@ -13,7 +13,7 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::Stream;
 use lethe_core::clock::Clock;
-use lethe_core::{Basis, MemoryId, Scope, Subject, Tenant, Version};
+use lethe_core::{Basis, JobState, MemoryId, Scope, Subject, Tenant, Version};
 use lethe_engine::config::Role;
 use lethe_engine::{Engine, EngineError, Request, RunOptions};
 use lethe_journal::gate::{GateError, Sink};
@@ -59,6 +59,13 @@ pub(crate) fn router(state: State) -> Router {
                 StatusCode::NOT_FOUND,
                 "not_found",
                 "no such route; GET /v1/openapi.json lists them",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method; GET /v1/openapi.json lists them",
             )
         })
         .with_state(state)
@@ -120,21 +127,41 @@ fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 /// (`` invalid type: integer `987654321` ``, `invalid type: string "mk-…"`), and a runtime that
 /// sends a numeric user id or a memory id in the wrong place would find it in its own error
 /// logs. What is left names the field and what was expected.
+/// Field names (`` missing field `tenant` ``, `` unknown field `colour`, expected one of … ``)
+/// and the expected content type stay: they are the API's words, and what a caller needs to fix
+/// the request.
 fn redact_quoted(message: &str) -> String {
+    // The words serde puts before a value it quotes.
+    const VALUE: [&str; 9] = [
+        "integer ",
+        "floating point ",
+        "boolean ",
+        "char ",
+        "string ",
+        "variant ",
+        "value ",
+        "sequence ",
+        "map ",
+    ];
     let mut out = String::with_capacity(message.len());
-    let mut chars = message.chars();
-    while let Some(c) = chars.next() {
-        if c == '`' || c == '"' {
-            out.push(c);
+    let mut rest = message;
+    while let Some(i) = rest.find(['`', '"']) {
+        let q = rest[i..].chars().next().expect("found");
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let Some(end) = after.find(q) else {
+            out.push(q);
             out.push('…');
-            out.push(c);
-            if !chars.by_ref().any(|d| d == c) {
-                break;
-            }
-        } else {
-            out.push(c);
-        }
+            return out;
+        };
+        let quoted = &after[..end];
+        let is_value = q == '"' || VALUE.iter().any(|w| out.ends_with(w));
+        out.push(q);
+        out.push_str(if is_value { "…" } else { quoted });
+        out.push(q);
+        rest = &after[end + 1..];
     }
+    out.push_str(rest);
     out
 }
 
@@ -468,6 +495,8 @@ async fn create_job(
     let engine = Arc::clone(&state.engine);
     let (job_id, created, state_now) = tokio::task::spawn_blocking(move || {
         let (job_id, created) = engine.request(req)?;
+        // A legal hold answers 409 `held` now, as the CLI exits 4, not from the job's thread.
+        engine.refuse_if_held(&job_id)?;
         let state_now = engine.outcome(&job_id)?.state;
         run_in_background(Arc::clone(&engine), job_id.clone(), opts)?;
         Ok::<_, EngineError>((job_id, created, state_now))
@@ -534,11 +563,16 @@ async fn resume_job(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     job_id: Result<Path<String>, PathRejection>,
-    b: Option<Json<ResumeJson>>,
+    b: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Operator)?;
     let job_id = path(job_id)?;
-    let b = b.map(|Json(b)| b).unwrap_or_default();
+    // The body is optional: parsed here, so its errors have the API's shape and redaction.
+    let b: ResumeJson = if b.iter().all(u8::is_ascii_whitespace) {
+        ResumeJson::default()
+    } else {
+        body(Json::from_bytes(&b))?
+    };
     let opts = RunOptions {
         drain_timeout: drain_timeout(b.drain_timeout_s)?,
         reinventory: b.reinventory.unwrap_or(false),
@@ -547,6 +581,9 @@ async fn resume_job(
     let engine = Arc::clone(&state.engine);
     let state_now = tokio::task::spawn_blocking(move || {
         let state_now = engine.outcome(&job_id)?.state;
+        if state_now != JobState::Complete {
+            engine.refuse_if_held(&job_id)?;
+        }
         run_in_background(engine, job_id, opts)?;
         Ok::<_, EngineError>(state_now)
     })

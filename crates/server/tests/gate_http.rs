@@ -406,6 +406,7 @@ both!(
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
+    a_held_job_is_refused_at_once_over_http,
 );
 
 /// PostgreSQL ends the server's connections (a restart, a failover, an administrator): the
@@ -558,6 +559,61 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
     );
     let m = e.unwrap_err().to_string();
     assert!(m.contains("tenant") && !m.contains("424242"), "{m}");
+    // Field names stay: they are what a caller needs to fix the request.
+    let m = rt
+        .call("POST", "/v1/leases", Some(&json!({"tenant": "acme"})))
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("missing field `subject`"), "{m}");
+    let m = rt
+        .call(
+            "POST",
+            "/v1/leases",
+            Some(&json!({"tenant": "acme", "subject": "bob", "colour": 1})),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("unknown field `colour`"), "{m}");
+    // A wrong method has the API's error shape too.
+    let e = rt.call("GET", "/v1/permits", None).unwrap_err();
+    assert_eq!(code(e), "method_not_allowed");
+}
+
+/// Jobs over HTTP answer as the CLI does: a legal hold is 409 `held` at once (the CLI's exit
+/// 4), on creation and on resume, and the job stays REQUESTED; a resume's optional body is
+/// refused with the API's error shape, its values not quoted back.
+fn a_held_job_is_refused_at_once_over_http(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let op = env.operator();
+    let acme = lethe_core::Tenant::new("acme").unwrap();
+    let carol = lethe_core::Subject::new("carol").unwrap();
+    env.engine.add_hold(&acme, Some(&carol), None).unwrap();
+    let req = json!({"tenant": "acme", "subject": "carol", "basis": "gdpr-art17", "ticket": "T"});
+    assert_eq!(code(op.create_job(&req).unwrap_err()), "held");
+    let jobs = op.call("GET", "/v1/jobs", None).unwrap();
+    let job = jobs[0]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(op.job(&job).unwrap()["state"], "REQUESTED");
+    let resume = format!("/v1/jobs/{job}/resume");
+    assert_eq!(code(op.call("POST", &resume, None).unwrap_err()), "held");
+    for (body, want) in [
+        (json!({"drain_timeout_s": "secret-x-42"}), "drain_timeout_s"),
+        (json!({"bogus": 1}), "unknown field `bogus`"),
+    ] {
+        let e = op.call("POST", &resume, Some(&body)).unwrap_err();
+        let m = e.to_string();
+        assert_eq!(code(e), "bad_request", "{m}");
+        assert!(m.contains(want) && !m.contains("secret-x-42"), "{m}");
+    }
+    env.engine.release_holds(&acme, Some(&carol)).unwrap();
+    op.call("POST", &resume, None).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while op.job(&job).unwrap()["state"] != "COMPLETE" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the released job never completed"
+        );
+        std::thread::yield_now();
+    }
 }
 
 /// `POST /v1/permits` with `release`: the permit is released in the same request, whether the
