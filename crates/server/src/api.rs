@@ -604,7 +604,13 @@ async fn job(
         .await
         .map_err(|_| ApiError::unavailable())?
         .map_err(engine_error)?;
-    Ok(Json(
-        serde_json::to_value(out).map_err(|_| ApiError::unavailable())?,
-    ))
+    // As `erase --json`, less `continued` (a request's answer, not the job's): the certificate
+    // itself, not where this server's process wrote its file.
+    Ok(Json(json!({
+        "job_id": out.job_id,
+        "state": out.state,
+        "blocked_reason": out.blocked_reason,
+        "blocked_target": out.blocked_target,
+        "certificate": out.certificate,
+    })))
 }
