@@ -614,6 +614,21 @@ fn a_held_job_is_refused_at_once_over_http(b: Backend) {
         );
         std::thread::yield_now();
     }
+    // The outcome's shape is `erase --json`'s, less `continued`.
+    let v = op.job(&job).unwrap();
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "blocked_reason",
+            "blocked_target",
+            "certificate",
+            "job_id",
+            "state"
+        ],
+        "{v}"
+    );
 }
 
 /// `POST /v1/permits` with `release`: the permit is released in the same request, whether the
