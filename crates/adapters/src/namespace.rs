@@ -138,6 +138,56 @@ pub(crate) fn selection(
     })
 }
 
+/// For a memory scope, the other items its id could name: `a/b/c` is read as labels `a`, `b`
+/// and key `c`, but a key may itself hold `/` (key `b/c` under label `a`, or key `a/b/c`). A
+/// store that holds one of these cannot tell which one the id means: its adapter refuses the
+/// scope (exit 2) rather than erase one and certify the other gone.
+pub(crate) fn other_readings(
+    target: &str,
+    template: &[Label],
+    scope: &Scope,
+) -> Result<Vec<(String, String)>, AdapterError> {
+    let Scope::Memory { memory, .. } = scope else {
+        return Ok(Vec::new());
+    };
+    let Selection::Namespace { ns: base } = selection(
+        target,
+        template,
+        &Scope::Subject {
+            tenant: scope.tenant().clone(),
+            subject: scope
+                .subject()
+                .cloned()
+                .expect("a memory scope names its subject"),
+        },
+    )?
+    else {
+        return Ok(Vec::new());
+    };
+    let parts: Vec<&str> = memory.as_str().split('/').collect();
+    // Labels taken: 0 ..= n-2; n-1 labels (the last part as key) is the reading used.
+    Ok((0..parts.len().saturating_sub(1))
+        .filter(|&i| parts[..i].iter().all(|p| !p.is_empty() && !p.contains('.')))
+        .map(|i| {
+            let ns = std::iter::once(base.as_str())
+                .chain(parts[..i].iter().copied())
+                .collect::<Vec<_>>()
+                .join(".");
+            (ns, parts[i..].join("/"))
+        })
+        .collect())
+}
+
+/// The error for a memory id that names more than one item.
+pub(crate) fn ambiguous(target: &str) -> AdapterError {
+    AdapterError::Inexpressible {
+        target: target.to_string(),
+        why: "the memory id names more than one item (a key holds `/`): this layout cannot \
+              tell them apart, so nothing is erased; erase the subject instead"
+            .into(),
+    }
+}
+
 /// An item's locator: the JSON array `[prefix, key]`.
 pub(crate) fn locator(prefix: &str, key: &str) -> String {
     serde_json::to_string(&[prefix, key]).expect("strings serialize")

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lethe_adapters::conformance::{self, Case, Row};
-use lethe_adapters::{Adapter, AdapterError, Target};
+use lethe_adapters::{Adapter, AdapterError, Applicability, Target};
 use lethe_core::{MemoryId, Scope, Subject, Tenant, Version};
 use postgres::Client;
 
@@ -518,6 +518,8 @@ fn a_thread_whose_checkpoints_name_two_owners_is_refused_and_nothing_is_touched(
     for (v, metadata) in [
         (15, r#"{"tenant_id": "acme", "user_id": "bob"}"#),
         (18, r#"{"tenant_id": "globex", "user_id": "alice"}"#),
+        // Another subject and no tenant key: another owner's checkpoint all the same.
+        (15, r#"{"user_id": "bob"}"#),
     ] {
         let srv = server(v);
         let db = Db::new(&srv);
@@ -543,11 +545,15 @@ fn a_thread_whose_checkpoints_name_two_owners_is_refused_and_nothing_is_touched(
         // Refused for alice, and for the other owner, whose scope now reaches the thread
         // through that checkpoint's metadata.
         let other: serde_json::Value = serde_json::from_str(metadata).unwrap();
-        let other = subject_scope(
-            other["tenant_id"].as_str().unwrap(),
-            other["user_id"].as_str().unwrap(),
-        );
-        for s in [&scope, &other] {
+        let scopes = match other["tenant_id"].as_str() {
+            Some(t) => vec![
+                scope.clone(),
+                subject_scope(t, other["user_id"].as_str().unwrap()),
+            ],
+            // Without a tenant the checkpoint names no owner a scope reaches it by.
+            None => vec![scope.clone()],
+        };
+        for s in &scopes {
             match case.adapter.adapter.inventory(s) {
                 Err(AdapterError::Failed { why, .. }) => {
                     assert!(
@@ -799,4 +805,144 @@ fn a_wrong_password_is_refused_naming_the_target_and_never_the_password() {
         .adapter
         .probe()
         .unwrap();
+}
+
+fn checkpointer_registry_only(db: &Db, table: &str) -> Target {
+    target(&format!(
+        r#"
+name = "checkpoints"
+kind = "langgraph-postgres-checkpointer"
+class = "primary"
+url = "{}"
+registry = {{ table = "{table}", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
+"#,
+        db.url
+    ))
+}
+
+/// A registry column with a nondeterministic collation (`Bob` equals `bob` under it) is compared
+/// byte for byte; a thread the registry gives to two owners is refused for both.
+#[test]
+fn registry_rows_compare_bytes_and_a_thread_registered_to_two_owners_is_refused() {
+    let srv = server(15);
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+         CREATE TABLE reg_ci (tenant_id text, user_id text COLLATE ci, thread_id text);
+         INSERT INTO reg_ci SELECT tenant_id, user_id, thread_id FROM thread_registry;
+         INSERT INTO reg_ci VALUES ('acme', 'Alice', 't-Alice-1'), ('acme', 'ALICE', 't-ALICE-1');
+         CREATE INDEX ON reg_ci (tenant_id, user_id);",
+    )
+    .unwrap();
+    let others = |c: &mut Client| -> Vec<String> {
+        c.query(
+            "SELECT concat_ws('|', tenant_id, user_id, thread_id) FROM reg_ci
+              WHERE NOT (tenant_id = 'acme' AND user_id COLLATE \"C\" = 'alice') ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let before = others(&mut c);
+    let tg = checkpointer_registry_only(&db, "public.reg_ci");
+    let alice = subject_scope("acme", "alice");
+    let inv = tg.adapter.inventory(&alice).unwrap();
+    let registry: Vec<&str> = inv
+        .locators
+        .iter()
+        .filter_map(|(l, _)| l.strip_prefix("1:"))
+        .collect();
+    assert!(!registry.is_empty());
+    assert!(
+        !registry
+            .iter()
+            .any(|t| t.starts_with("t-Alice") || t.starts_with("t-ALICE")),
+        "{registry:?}"
+    );
+    tg.adapter.erase_batch(&alice, &inv.locators).unwrap();
+    assert_eq!(tg.adapter.verify(&alice, &inv.locators).unwrap(), 0);
+    assert_eq!(
+        others(&mut c),
+        before,
+        "Alice's and ALICE's rows and everyone else's kept"
+    );
+
+    // The same thread registered to alice and to bob.
+    let thread: String = c
+        .query_one(
+            "SELECT thread_id FROM thread_registry WHERE tenant_id = 'acme' AND user_id = 'bob' ORDER BY 1 LIMIT 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    c.batch_execute(&format!(
+        "CREATE TABLE reg_multi AS SELECT tenant_id, user_id, thread_id FROM thread_registry;
+         INSERT INTO reg_multi VALUES ('acme', 'alice', '{thread}');"
+    ))
+    .unwrap();
+    let tg = checkpointer_registry_only(&db, "public.reg_multi");
+    for who in ["alice", "bob"] {
+        match tg.adapter.inventory(&subject_scope("acme", who)) {
+            Err(AdapterError::Failed { why, .. }) => {
+                assert!(why.contains("registered to another owner"), "{why}")
+            }
+            other => panic!("{who}: expected a refusal, got {other:?}"),
+        }
+    }
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM checkpoints WHERE thread_id = $1",
+            &[&thread],
+        )
+        .unwrap()
+        .get(0);
+    assert!(n > 0, "the shared thread is untouched");
+}
+
+/// A memory id `a/b` also names key `a/b` one label up: when the store holds both readings (or
+/// only the other one), the scope is refused before anything is touched.
+#[test]
+fn a_memory_id_that_names_two_items_is_refused() {
+    let srv = server(15);
+    let db = Db::new(&srv);
+    let st = store(&db);
+    let mut c = db.client();
+    let mk = || Scope::Memory {
+        tenant: Tenant::new("acme").unwrap(),
+        subject: Subject::new("alice").unwrap(),
+        memory: MemoryId::new("notes/1").unwrap(),
+        version: None,
+    };
+    c.execute(
+        "INSERT INTO store (prefix, key, value) VALUES ('acme.alice.notes', '1', '{}')",
+        &[],
+    )
+    .unwrap();
+    assert!(matches!(
+        st.adapter.check_scope(&mk()),
+        Ok(Applicability::Applies)
+    ));
+    c.execute(
+        "INSERT INTO store (prefix, key, value) VALUES ('acme.alice', 'notes/1', '{}')",
+        &[],
+    )
+    .unwrap();
+    match st.adapter.check_scope(&mk()) {
+        Err(AdapterError::Inexpressible { why, .. }) => {
+            assert!(why.contains("more than one item"), "{why}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    c.execute(
+        "DELETE FROM store WHERE prefix = 'acme.alice.notes' AND key = '1'",
+        &[],
+    )
+    .unwrap();
+    assert!(
+        st.adapter.check_scope(&mk()).is_err(),
+        "only the other reading exists: still refused"
+    );
 }

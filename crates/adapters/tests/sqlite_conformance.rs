@@ -617,3 +617,244 @@ fn a_thread_whose_checkpoints_name_two_owners_is_refused_not_erased() {
         before
     );
 }
+
+/// The checkpointer with its registry in table `table` of app.db, registry only or with the
+/// metadata keys too.
+fn checkpointer_with_registry(table: &str, metadata: bool) -> String {
+    let c = CHECKPOINTER.replace(
+        "table = \"thread_registry\"",
+        &format!("table = \"{table}\""),
+    );
+    if metadata {
+        c
+    } else {
+        c.replace(
+            "metadata = { tenant = \"tenant_id\", subject = \"user_id\" }",
+            "",
+        )
+    }
+}
+
+/// A registry column compares under its own collation (`NOCASE`) or affinity (`INTEGER`) unless
+/// the adapter compares bytes: `alice` must not take `Alice`'s row, nor `007` user 7's.
+#[test]
+fn a_registry_column_with_its_own_collation_or_affinity_never_widens_the_scope() {
+    let c = copy("langgraph-sqlite");
+    let app = Connection::open(c.dir.path().join("app.db")).unwrap();
+    app.execute_batch(
+        "CREATE TABLE reg_nocase (tenant_id TEXT, user_id TEXT COLLATE NOCASE, thread_id TEXT);
+         INSERT INTO reg_nocase SELECT tenant_id, user_id, thread_id FROM thread_registry;
+         INSERT INTO reg_nocase VALUES ('acme', 'Alice', 't-Alice-1'), ('ACME', 'alice', 't-ACME-1');
+         CREATE INDEX reg_nocase_owner ON reg_nocase (tenant_id, user_id);
+         CREATE TABLE reg_int (tenant_id TEXT, user_id INTEGER, thread_id TEXT);
+         INSERT INTO reg_int VALUES ('acme', 7, 't-7'), ('acme', 7, 't-7b'), ('acme', 8, 't-8');",
+    )
+    .unwrap();
+    drop(app);
+    let rows = |table: &str| -> Vec<String> {
+        let app = Connection::open(c.dir.path().join("app.db")).unwrap();
+        let mut st = app
+            .prepare(&format!("SELECT quote(tenant_id) || quote(user_id) || quote(thread_id) FROM {table} ORDER BY 1"))
+            .unwrap();
+        let r = st
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        r
+    };
+
+    let tg = target(
+        c.dir.path(),
+        &checkpointer_with_registry("reg_nocase", false),
+    );
+    let alice = subject_scope("acme", "alice");
+    let inv = tg.adapter.inventory(&alice).unwrap();
+    let registry: Vec<&str> = inv
+        .locators
+        .iter()
+        .filter_map(|(l, _)| l.strip_prefix("1:"))
+        .collect();
+    assert_eq!(
+        registry.len(),
+        3,
+        "alice's three rows, not Alice's or ACME's: {registry:?}"
+    );
+    assert!(!registry.contains(&"t-Alice-1") && !registry.contains(&"t-ACME-1"));
+    let others = rows("reg_nocase")
+        .into_iter()
+        .filter(|r| !r.starts_with("'acme''alice'"))
+        .collect::<Vec<_>>();
+    tg.adapter.erase_batch(&alice, &inv.locators).unwrap();
+    assert_eq!(tg.adapter.verify(&alice, &inv.locators).unwrap(), 0);
+    assert_eq!(
+        rows("reg_nocase"),
+        others,
+        "every other row kept, Alice's and ACME's included"
+    );
+
+    let tg = target(c.dir.path(), &checkpointer_with_registry("reg_int", false));
+    let inv = tg.adapter.inventory(&subject_scope("acme", "007")).unwrap();
+    assert!(inv.locators.is_empty(), "007 is not 7: {:?}", inv.locators);
+    let seven = subject_scope("acme", "7");
+    let inv = tg.adapter.inventory(&seven).unwrap();
+    let registry = inv
+        .locators
+        .iter()
+        .filter(|(l, _)| l.starts_with("1:"))
+        .count();
+    assert_eq!(registry, 2, "{:?}", inv.locators);
+    tg.adapter.erase_batch(&seven, &inv.locators).unwrap();
+    assert_eq!(rows("reg_int"), ["'acme'8't-8'"]);
+}
+
+/// A thread in scope that the registry also gives to another owner, or whose checkpoint names
+/// another subject without naming a tenant, is refused, not erased.
+#[test]
+fn a_thread_another_owner_holds_by_registry_or_by_subject_alone_is_refused() {
+    let c = copy("langgraph-sqlite");
+    let shared = "b686140c-73aa-581f-8876-11535da350c4"; // alice's, in registry and metadata
+    let app = Connection::open(c.dir.path().join("app.db")).unwrap();
+    app.execute_batch(&format!(
+        "CREATE TABLE reg_multi (tenant_id TEXT, user_id TEXT, thread_id TEXT);
+         INSERT INTO reg_multi SELECT tenant_id, user_id, thread_id FROM thread_registry;
+         INSERT INTO reg_multi VALUES ('acme', 'bob', '{shared}');"
+    ))
+    .unwrap();
+    drop(app);
+    let before: Vec<Vec<u8>> = ["checkpoints.db", "app.db"]
+        .iter()
+        .map(|f| std::fs::read(c.dir.path().join(f)).unwrap())
+        .collect();
+    for metadata in [false, true] {
+        let tg = target(
+            c.dir.path(),
+            &checkpointer_with_registry("reg_multi", metadata),
+        );
+        for who in ["alice", "bob"] {
+            match tg.adapter.inventory(&subject_scope("acme", who)) {
+                Err(AdapterError::Failed { why, .. }) => {
+                    assert!(why.contains("registered to another owner"), "{why}")
+                }
+                other => panic!("{who}: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+    // A checkpoint of alice's thread that names bob and no tenant.
+    let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
+    let n = conn
+        .execute(
+            "UPDATE checkpoints SET metadata = CAST(json_set(json_remove(CAST(metadata AS TEXT), '$.tenant_id'), '$.user_id', 'bob') AS BLOB)
+              WHERE rowid = (SELECT min(rowid) FROM checkpoints WHERE thread_id = ?1)",
+            [shared],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(conn);
+    let before_cp = std::fs::read(c.dir.path().join("checkpoints.db")).unwrap();
+    let tg = target(c.dir.path(), CHECKPOINTER);
+    match tg.adapter.inventory(&subject_scope("acme", "alice")) {
+        Err(AdapterError::Failed { why, .. }) => assert!(why.contains("another owner"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(c.dir.path().join("checkpoints.db")).unwrap(),
+        before_cp
+    );
+    assert_eq!(
+        std::fs::read(c.dir.path().join("app.db")).unwrap(),
+        before[1]
+    );
+}
+
+/// Metadata that spells the owner with a JSON escape (`\u0061lice`) or as a number names the
+/// same owner: the byte pre-filter must not skip it.
+#[test]
+fn metadata_that_escapes_the_owner_or_gives_it_as_a_number_is_found() {
+    let c = copy("langgraph-sqlite");
+    let only_meta = "cb71b0fe-18db-56ff-bda1-2e7860b6319c"; // alice's, metadata only
+    let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
+    let n = conn
+        .execute(
+            "UPDATE checkpoints SET metadata = CAST(replace(CAST(metadata AS TEXT), '\"alice\"', '\"\\u0061lice\"') AS BLOB)
+              WHERE thread_id = ?1",
+            [only_meta],
+        )
+        .unwrap();
+    assert!(n > 0);
+    drop(conn);
+    let cfg = checkpointer_with_registry("thread_registry", true);
+    let tg = target(c.dir.path(), &cfg);
+    let alice = subject_scope("acme", "alice");
+    let inv = tg.adapter.inventory(&alice).unwrap();
+    let loc = format!("0:{only_meta}");
+    assert!(
+        inv.locators.iter().any(|(l, n)| *l == loc && *n > 0),
+        "{:?}",
+        inv.locators
+    );
+    tg.adapter.erase_batch(&alice, &inv.locators).unwrap();
+    assert_eq!(tg.adapter.verify(&alice, &inv.locators).unwrap(), 0);
+
+    // A numeric owner: `7` names subject "7", as PostgreSQL's `->>` reads it.
+    let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
+    let bob_thread: String = conn
+        .query_row(
+            "SELECT thread_id FROM checkpoints WHERE json_extract(CAST(metadata AS TEXT), '$.user_id') = 'bob' LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    conn.execute(
+        "UPDATE checkpoints SET metadata = CAST(json_set(CAST(metadata AS TEXT), '$.user_id', 7) AS BLOB) WHERE thread_id = ?1",
+        [&bob_thread],
+    )
+    .unwrap();
+    drop(conn);
+    // Metadata only: the registry still gives that thread to bob, which would refuse it.
+    let cfg = CHECKPOINTER.replace("registry = { path = \"app.db\", table = \"thread_registry\", tenant = \"tenant_id\", subject = \"user_id\", thread = \"thread_id\" }", "");
+    let tg = target(c.dir.path(), &cfg);
+    let inv = tg.adapter.inventory(&subject_scope("acme", "7")).unwrap();
+    assert!(
+        inv.locators
+            .iter()
+            .any(|(l, _)| *l == format!("0:{bob_thread}")),
+        "{:?}",
+        inv.locators
+    );
+}
+
+/// A memory id `a/b` also names key `a/b` one label up: when the store holds both readings (or
+/// only the other one), the scope is refused before anything is touched.
+#[test]
+fn a_memory_id_that_names_two_items_is_refused() {
+    let c = copy("langgraph-sqlite");
+    let tg = target(c.dir.path(), STORE);
+    let mk = || Scope::Memory {
+        tenant: Tenant::new("acme").unwrap(),
+        subject: Subject::new("alice").unwrap(),
+        memory: MemoryId::new("notes/1").unwrap(),
+        version: None,
+    };
+    let conn = Connection::open(c.dir.path().join("store.db")).unwrap();
+    conn.execute(
+        "INSERT INTO store (prefix, key, value) VALUES ('acme.alice.notes', '1', '{}')",
+        [],
+    )
+    .unwrap();
+    assert!(matches!(
+        tg.adapter.check_scope(&mk()),
+        Ok(Applicability::Applies)
+    ));
+    conn.execute(
+        "INSERT INTO store (prefix, key, value) VALUES ('acme.alice', 'notes/1', '{}')",
+        [],
+    )
+    .unwrap();
+    match tg.adapter.check_scope(&mk()) {
+        Err(AdapterError::Inexpressible { why, .. }) => {
+            assert!(why.contains("more than one item"), "{why}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

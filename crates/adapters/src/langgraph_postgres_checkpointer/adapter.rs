@@ -117,7 +117,13 @@ impl Checkpointer {
             return Ok(Vec::new());
         };
         let (table, t, s, th) = Self::registry_sql(r);
-        let sql = format!("SELECT {th}::text, count(*) FROM {table} WHERE {t}::text = $1 AND ($2::text IS NULL OR {s}::text = $2) GROUP BY 1");
+        // `{col}::text = $1` keeps the column's collation (a nondeterministic one makes `Bob`
+        // equal `bob`): the `COLLATE "C"` comparison beside it is the exact one, the plain one
+        // lets an index on the column be used.
+        let sql = format!(
+            "SELECT {th}::text, count(*) FROM {table} WHERE {t}::text = $1 AND {t}::text COLLATE \"C\" = $1 \
+             AND ($2::text IS NULL OR ({s}::text = $2 AND {s}::text COLLATE \"C\" = $2)) GROUP BY 1"
+        );
         conn.with(|c| {
             Ok(c.query(&sql, &[&tenant, &subject])?
                 .iter()
@@ -176,9 +182,12 @@ impl Checkpointer {
         let Some(m) = &self.metadata else {
             return Ok(());
         };
+        // Either key present and naming someone else: a checkpoint that names another subject
+        // without naming a tenant is another owner's too.
         let sql = format!(
-            "SELECT count(*) FROM {} WHERE thread_id = ANY($1) AND metadata ? $4::text
-               AND (metadata ->> $4::text <> $2 OR ($3::text IS NOT NULL AND metadata ->> $5::text IS DISTINCT FROM $3))",
+            "SELECT count(*) FROM {} WHERE thread_id = ANY($1)
+               AND ((metadata ? $4::text AND metadata ->> $4::text IS DISTINCT FROM $2)
+                    OR ($3::text IS NOT NULL AND metadata ? $5::text AND metadata ->> $5::text IS DISTINCT FROM $3))",
             self.t("checkpoints")
         );
         for chunk in threads.chunks(5_000) {
@@ -195,6 +204,40 @@ impl Checkpointer {
                     why: format!(
                         "threads in scope also hold {n} checkpoints whose metadata names another owner; \
                          erasing them would erase their rows: resolve the threads' ownership by hand"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses threads in scope that the registry also assigns to another owner: erasing
+    /// them would erase that owner's thread.
+    fn check_registry_owners(
+        &self,
+        threads: &[String],
+        tenant: &str,
+        subject: Option<&str>,
+    ) -> Result<(), AdapterError> {
+        let Some((conn, r)) = self.registry_conn() else {
+            return Ok(());
+        };
+        let (table, t, s, th) = Self::registry_sql(r);
+        let sql = format!(
+            "SELECT count(*) FROM {table} WHERE {th}::text = ANY($1)
+               AND NOT ({t}::text COLLATE \"C\" IS NOT DISTINCT FROM $2
+                        AND ($3::text IS NULL OR {s}::text COLLATE \"C\" IS NOT DISTINCT FROM $3))"
+        );
+        for chunk in threads.chunks(5_000) {
+            let chunk = chunk.to_vec();
+            let n: i64 =
+                conn.with(|c| Ok(c.query_one(&sql, &[&chunk, &tenant, &subject])?.get(0)))?;
+            if n > 0 {
+                return Err(AdapterError::Failed {
+                    target: self.name.clone(),
+                    why: format!(
+                        "threads in scope are also registered to another owner ({n} registry rows); \
+                         erasing them would erase that owner's threads: resolve their ownership by hand"
                     ),
                 });
             }
@@ -281,6 +324,7 @@ impl Adapter for Checkpointer {
         let (threads, registry) = self.resolve(tenant, subject)?;
         let threads: Vec<String> = threads.into_iter().collect();
         self.check_single_owner(&threads, tenant, subject)?;
+        self.check_registry_owners(&threads, tenant, subject)?;
         let rows = self.thread_rows(&threads)?;
         let mut locators: Vec<Locator> = rows
             .into_iter()
@@ -349,7 +393,11 @@ impl Adapter for Checkpointer {
                 });
             };
             let (table, t, s, th) = Self::registry_sql(r);
-            let sql = format!("DELETE FROM {table} WHERE {th}::text = ANY($1) AND {t}::text = $2 AND ($3::text IS NULL OR {s}::text = $3)");
+            let sql = format!(
+                "DELETE FROM {table} WHERE {th}::text = ANY($1) AND {th}::text COLLATE \"C\" = ANY($1) \
+                 AND {t}::text = $2 AND {t}::text COLLATE \"C\" = $2 \
+                 AND ($3::text IS NULL OR ({s}::text = $3 AND {s}::text COLLATE \"C\" = $3))"
+            );
             let found = conn.with(|c| {
                 let mut tx = c.transaction()?;
                 let n = tx.execute(sql.as_str(), &[&registry, &tenant, &subject])?;

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use lethe_core::{Scope, Version};
 
 use crate::guard::Guard;
-use crate::namespace::{checked_items, locator, parse_locator, selection, Label, Selection};
+use crate::namespace::{
+    ambiguous, checked_items, locator, other_readings, parse_locator, selection, Label, Selection,
+};
 use crate::postgres::{like_escape, quote_qualified, Conn};
 use crate::postgres_guard::PgGuard;
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
@@ -157,7 +159,23 @@ impl Adapter for Store {
     }
 
     fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {
-        self.selection(scope).map(|_| Applicability::Applies)
+        self.selection(scope)?;
+        let others = other_readings(&self.name, &self.template, scope)?;
+        if !others.is_empty() {
+            let (prefixes, keys): (Vec<String>, Vec<String>) = others.into_iter().unzip();
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS o(p, k) \
+                 JOIN {} s ON s.prefix = o.p AND s.key = o.k)",
+                self.store
+            );
+            let found: bool = self
+                .conn
+                .with(|c| Ok(c.query_one(&sql, &[&prefixes, &keys])?.get(0)))?;
+            if found {
+                return Err(ambiguous(&self.name));
+            }
+        }
+        Ok(Applicability::Applies)
     }
 
     fn probe(&self) -> Result<(), AdapterError> {

@@ -75,6 +75,14 @@ fn is_json_verbatim(s: &str) -> bool {
     })
 }
 
+/// A registry column compared byte for byte with a parameter. `{col} = ?` alone compares under
+/// the column's collation (`NOCASE` makes `Bob` equal `bob`) and affinity (an INTEGER column makes
+/// `007` equal `7`), and a `CAST` keeps the column's collation: both would widen the scope. The
+/// plain comparison stays beside this one so an index on the column can still be used.
+fn exact(col: &str) -> String {
+    format!("CAST({col} AS TEXT) COLLATE BINARY")
+}
+
 impl Checkpointer {
     pub(crate) fn new(
         name: &str,
@@ -120,8 +128,10 @@ impl Checkpointer {
             quote_ident(&r.thread),
         );
         let table = quote_ident(&r.table);
+        let (et, es) = (exact(&t), exact(&s));
         let sql = format!(
-            "SELECT CAST({th} AS TEXT), count(*) FROM {table} WHERE {t} = ?1 AND (?2 IS NULL OR {s} = ?2) GROUP BY 1"
+            "SELECT CAST({th} AS TEXT), count(*) FROM {table} WHERE {t} = ?1 AND {et} = ?1 \
+             AND (?2 IS NULL OR ({s} = ?2 AND {es} = ?2)) GROUP BY 1"
         );
         let mut stmt = conn.prepare(&sql).map_err(|e| self.err(e))?;
         let rows = stmt
@@ -144,18 +154,20 @@ impl Checkpointer {
         // The byte pre-filter skips JSON parsing for rows that cannot match; it is only used
         // when the identifier's JSON form is its own bytes.
         let needle = o.subject.unwrap_or(o.tenant);
+        // A row with any escape (`\u0061lice` is `alice` too) is always parsed.
         let prefilter = if is_json_verbatim(needle) {
-            "instr(CAST(metadata AS BLOB), CAST(?5 AS BLOB)) > 0 AND"
+            "(instr(CAST(metadata AS BLOB), CAST(?5 AS BLOB)) > 0 OR instr(CAST(metadata AS BLOB), X'5C') > 0) AND"
         } else {
             "?5 IS NOT NULL AND"
         };
         // A plain table scan, de-duplicated here: with DISTINCT, SQLite walks the primary-key
         // index and looks each row up in the table, about twice the page reads on a table
         // whose threads interleave (bench/README.md).
+        // The owner's values as text, as PostgreSQL's `->>` reads them (a JSON number 7 is "7").
         let sql = format!(
             "SELECT thread_id FROM checkpoints NOT INDEXED
-              WHERE {prefilter} json_extract({META}, ?3) = ?1
-                AND (?2 IS NULL OR json_extract({META}, ?4) = ?2)"
+              WHERE {prefilter} CAST(json_extract({META}, ?3) AS TEXT) = ?1
+                AND (?2 IS NULL OR CAST(json_extract({META}, ?4) AS TEXT) = ?2)"
         );
         let mut stmt = conn.prepare(&sql).map_err(|e| self.err(e))?;
         let mut rows = stmt
@@ -200,9 +212,10 @@ impl Checkpointer {
             .query_row(
                 &format!(
                     "SELECT count(*) FROM checkpoints WHERE thread_id = ?1
-                       AND json_extract({META}, ?4) IS NOT NULL
-                       AND (json_extract({META}, ?4) IS NOT ?2
-                            OR (?3 IS NOT NULL AND json_extract({META}, ?5) IS NOT ?3))"
+                       AND ((json_extract({META}, ?4) IS NOT NULL
+                             AND CAST(json_extract({META}, ?4) AS TEXT) IS NOT ?2)
+                            OR (?3 IS NOT NULL AND json_extract({META}, ?5) IS NOT NULL
+                                AND CAST(json_extract({META}, ?5) AS TEXT) IS NOT ?3))"
                 ),
                 params![thread, o.tenant, o.subject, m.tenant_path, m.subject_path],
                 |r| r.get(0),
@@ -212,6 +225,50 @@ impl Checkpointer {
             return Err(self.failed(format!(
                 "a thread in scope also holds {others} checkpoints whose metadata names another owner; \
                  erasing it would erase their rows: resolve the thread's ownership by hand"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses threads in scope that the registry also assigns to another owner: erasing
+    /// them would erase that owner's thread. One query for all the threads.
+    fn check_registry_owners(
+        &self,
+        conn: &Connection,
+        threads: &BTreeSet<String>,
+        o: &Owner<'_>,
+    ) -> Result<(), AdapterError> {
+        let Some(r) = &self.registry else {
+            return Ok(());
+        };
+        if threads.is_empty() {
+            return Ok(());
+        }
+        let rconn = if r.path == self.path {
+            None
+        } else {
+            Some(self.open_registry(r)?)
+        };
+        let (t, s, th) = (
+            exact(&quote_ident(&r.tenant)),
+            exact(&quote_ident(&r.subject)),
+            exact(&quote_ident(&r.thread)),
+        );
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE {th} IN (SELECT value FROM json_each(?1))
+               AND NOT ({t} IS ?2 AND (?3 IS NULL OR {s} IS ?3))",
+            quote_ident(&r.table)
+        );
+        let list = serde_json::to_string(threads).map_err(|e| self.failed(e.to_string()))?;
+        let others: i64 = rconn
+            .as_ref()
+            .unwrap_or(conn)
+            .query_row(&sql, params![list, o.tenant, o.subject], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        if others > 0 {
+            return Err(self.failed(format!(
+                "threads in scope are also registered to another owner ({others} registry rows); \
+                 erasing them would erase that owner's threads: resolve their ownership by hand"
             )));
         }
         Ok(())
@@ -289,12 +346,18 @@ impl Checkpointer {
         let tx = conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(|e| self.err(e))?;
-        let sql = format!(
-            "DELETE FROM {} WHERE CAST({} AS TEXT) = ?1 AND {} = ?2 AND (?3 IS NULL OR {} = ?3)",
-            quote_ident(&r.table),
+        let (th, t, s) = (
             quote_ident(&r.thread),
             quote_ident(&r.tenant),
-            quote_ident(&r.subject)
+            quote_ident(&r.subject),
+        );
+        let sql = format!(
+            "DELETE FROM {} WHERE {th} = ?1 AND {} = ?1 AND {t} = ?2 AND {} = ?2 \
+             AND (?3 IS NULL OR ({s} = ?3 AND {} = ?3))",
+            quote_ident(&r.table),
+            exact(&th),
+            exact(&t),
+            exact(&s)
         );
         let mut deleted = 0u64;
         {
@@ -379,6 +442,7 @@ impl Adapter for Checkpointer {
         };
         let conn = open(&self.name, &self.path, self.busy)?;
         let (threads, registry_rows) = self.resolve(&conn, &o)?;
+        self.check_registry_owners(&conn, &threads, &o)?;
         let mut locators = Vec::with_capacity(threads.len() + registry_rows.len());
         for t in &threads {
             self.check_single_owner(&conn, t, &o)?;

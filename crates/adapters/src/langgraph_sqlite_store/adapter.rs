@@ -7,7 +7,9 @@ use std::time::Duration;
 use lethe_core::{Scope, Version};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::namespace::{checked_items, locator, parse_locator, selection, Label, Selection};
+use crate::namespace::{
+    ambiguous, checked_items, locator, other_readings, parse_locator, selection, Label, Selection,
+};
 use crate::sqlite::{db, has_table, open};
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
@@ -134,7 +136,23 @@ impl Adapter for Store {
     }
 
     fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {
-        self.selection(scope).map(|_| Applicability::Applies)
+        self.selection(scope)?;
+        let others = other_readings(&self.name, &self.template, scope)?;
+        if !others.is_empty() {
+            let conn = open(&self.name, &self.path, self.busy)?;
+            let mut stmt = conn
+                .prepare("SELECT EXISTS (SELECT 1 FROM store WHERE prefix = ?1 AND key = ?2)")
+                .map_err(|e| self.err(e))?;
+            for (p, k) in &others {
+                let found: bool = stmt
+                    .query_row(rusqlite::params![p, k], |r| r.get(0))
+                    .map_err(|e| self.err(e))?;
+                if found {
+                    return Err(ambiguous(&self.name));
+                }
+            }
+        }
+        Ok(Applicability::Applies)
     }
 
     fn probe(&self) -> Result<(), AdapterError> {
