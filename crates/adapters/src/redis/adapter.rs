@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lethe_core::Scope;
 
-use super::layout::{glob_escape, Template, Values};
+use super::layout::{glob_escape, prefixes_overlap, Template, Values};
 use super::resp::{slot, Addr, Auth, Nodes, Redirect, Reply};
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
@@ -141,6 +141,33 @@ impl Redis {
             (Mode::Index(t), Some(_)) => Some(t.expand(&v, false).map_err(inexpressible)?),
             _ => None,
         };
+        // Index sets are keys too. If this scope's pattern can reach another scope's index set
+        // (`erase --tenant idx` under `{tenant}:{subject}:*` with index `idx:{tenant}:{subject}`
+        // matches `idx:acme:alice`), a key there could be data or an index: refuse the scope.
+        if let Mode::Index(t) = &self.mode {
+            let reach = self
+                .pattern
+                .expand(&v, subject.is_none())
+                .map_err(inexpressible)?;
+            let other = if t.literal_prefix().is_empty() {
+                // Index sets start with the tenant: only this tenant's other subjects' sets
+                // can be reached, and only a subject scope must not reach them.
+                match subject {
+                    Some(_) => Some(t.expand(&v, true).map_err(inexpressible)?),
+                    None => None,
+                }
+            } else {
+                Some(t.literal_prefix().to_string())
+            };
+            if other.is_some_and(|o| prefixes_overlap(&reach, &o)) {
+                return Err(inexpressible(
+                    "this scope's keys and other scopes' index sets share a prefix under the \
+                     configured pattern and index, so a key could be either: give the index a \
+                     prefix the pattern cannot produce"
+                        .into(),
+                ));
+            }
+        }
         Ok(match scope {
             Scope::Subject { .. } => Selection::Prefix {
                 prefix: self.pattern.expand(&v, false).map_err(inexpressible)?,

@@ -162,6 +162,21 @@ impl Template {
     }
 }
 
+impl Template {
+    /// The literal text before the first placeholder ("idx:" for `idx:{tenant}:{subject}`).
+    pub(crate) fn literal_prefix(&self) -> &str {
+        match self.parts.first() {
+            Some(Part::Lit(s)) => s,
+            _ => "",
+        }
+    }
+}
+
+/// Whether some key could start with both prefixes.
+pub(crate) fn prefixes_overlap(a: &str, b: &str) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
 /// Escapes glob metacharacters so each matches only itself in `SCAN MATCH`.
 pub(crate) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);

@@ -816,3 +816,53 @@ fn a_reply_slower_than_the_read_poll_is_read_whole() {
         cleanup(&space);
     }
 }
+
+/// Index sets are keys: a scope whose pattern could reach another scope's index set is refused
+/// (nothing touched), under the README's layout (`idx:{tenant}:{subject}`) and under one whose
+/// index starts with the tenant (`{tenant}:idx:{subject}`, where a tenant scope reaches only
+/// its own index sets).
+#[test]
+fn a_scope_that_could_reach_other_scopes_index_sets_is_refused() {
+    let build = |index: &str| {
+        crate::build(
+            1,
+            toml::from_str(&format!(
+                "name = \"c\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:1\"\n\
+                 pattern = \"{{tenant}}:{{subject}}:*\"\nmode = \"index\"\nindex = \"{index}\"\n"
+            ))
+            .unwrap(),
+            std::path::Path::new("."),
+        )
+        .unwrap()
+    };
+    let tenant = |t: &str| Scope::Tenant {
+        tenant: Tenant::new(t).unwrap(),
+    };
+    let refused = |r: Result<Applicability, AdapterError>| matches!(r, Err(AdapterError::Inexpressible { ref why, .. }) if why.contains("index sets"));
+    let t = build("idx:{tenant}:{subject}");
+    assert!(refused(t.adapter.check_scope(&tenant("idx"))));
+    assert!(refused(t.adapter.check_scope(&subject("idx", "acme"))));
+    for ok in [
+        tenant("acme"),
+        tenant("id"),
+        tenant("idxx"),
+        subject("acme", "idx"),
+    ] {
+        assert!(
+            matches!(t.adapter.check_scope(&ok), Ok(Applicability::Applies)),
+            "{ok:?}"
+        );
+    }
+    let t = build("{tenant}:idx:{subject}");
+    assert!(refused(t.adapter.check_scope(&subject("acme", "idx"))));
+    for ok in [
+        tenant("acme"),
+        subject("acme", "alice"),
+        subject("acme", "id"),
+    ] {
+        assert!(
+            matches!(t.adapter.check_scope(&ok), Ok(Applicability::Applies)),
+            "{ok:?}"
+        );
+    }
+}
