@@ -1467,3 +1467,76 @@ fn targets_answer_while_the_journal_is_unreachable() {
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
 }
+
+/// On the SQLite journal too, a job has one runner: while a live process runs it, `resume`, the
+/// same `erase` and `work` leave it alone (exit 3 for the first two, with the reason); once that
+/// process is killed, a resume finishes it.
+#[test]
+fn a_live_runner_keeps_its_job_on_sqlite_and_a_killed_one_does_not() {
+    let env = Env::new(1);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    let mut runner = pause_at(&env, "after-batch-journal:checkpoints:2");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    let job = jobs[0]["job_id"].as_str().unwrap().to_string();
+    for args in [vec!["resume", job.as_str()], ERASE_ALICE.to_vec()] {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 3, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("being run by another Lethe process"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let (c, done) = env.json(&["work", "--json"]);
+    assert_eq!(c, 0, "{done}");
+    assert_eq!(
+        done,
+        serde_json::json!([]),
+        "work skips a job a live process runs"
+    );
+    runner.kill().unwrap();
+    runner.wait().unwrap();
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    for t in ["checkpoints", "memories"] {
+        assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
+    }
+    assert_eq!(env.others_rows(), others, "others untouched");
+}
+
+/// `work` finishes a job left REQUESTED (its process died before the freeze), and leaves one a
+/// legal hold keeps REQUESTED, journaling nothing for it, until the hold is released.
+#[test]
+fn work_runs_a_job_left_requested_and_skips_a_held_one() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    assert_eq!(
+        code(&env.run(&["hold", "add", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 4, "{out}");
+    let job = out["job_id"].as_str().unwrap().to_string();
+    let entries = |env: &Env| -> i64 {
+        rusqlite::Connection::open(env.path().join("lethe-journal.db"))
+            .unwrap()
+            .query_row("SELECT count(*) FROM journal", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = entries(&env);
+    let (c, done) = env.json(&["work", "--json"]);
+    assert_eq!((c, done), (0, serde_json::json!([])));
+    assert_eq!(entries(&env), before, "nothing journaled for the held job");
+    assert_eq!(
+        code(&env.run(&["hold", "release", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
+    let (c, done) = env.json(&["work", "--json"]);
+    assert_eq!(c, 0, "{done}");
+    assert_eq!(done[0]["job_id"], job.as_str());
+    assert_eq!(done[0]["state"], "COMPLETE");
+    assert_eq!(env.inventory("acme", "alice")["memories"]["count"], 0);
+    assert_eq!(env.others_rows(), others, "others untouched");
+}

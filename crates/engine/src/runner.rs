@@ -223,8 +223,9 @@ impl Engine {
         self.run_claimed(job_id, opts, progress)
     }
 
-    /// Runs, one after another, every job another process left in FROZEN, DELETING or
-    /// VERIFYING (it died, or was killed). On SQLite, jobs in those states are resumed.
+    /// Runs, one after another, every job another process left unfinished (REQUESTED, FROZEN,
+    /// DELETING or VERIFYING: it died, or was killed). A job whose runner is alive (its claim is
+    /// held) and a job a legal hold keeps REQUESTED are skipped.
     pub fn work(
         &self,
         opts: &RunOptions,
@@ -232,9 +233,19 @@ impl Engine {
     ) -> Result<Vec<Outcome>, EngineError> {
         let mut out = Vec::new();
         if self.journal.is_shared() {
-            while let Some(claim) = self.journal.claim_next()? {
+            let mut held = Vec::new();
+            while let Some(claim) = self.journal.claim_next(&held)? {
+                if self.waits_on_a_hold(&claim.job_id)? {
+                    held.push(claim.job_id.clone());
+                    continue;
+                }
                 tracing::info!(job = %claim.job_id, "Picked up an abandoned job.");
-                out.push(self.run_claimed(&claim.job_id, opts, progress)?);
+                match self.run_claimed(&claim.job_id, opts, progress) {
+                    Ok(o) => out.push(o),
+                    // Held: it stays REQUESTED until the hold is released; not this run's to do.
+                    Err(EngineError::Held { .. }) => held.push(claim.job_id.clone()),
+                    Err(e) => return Err(e),
+                }
             }
         } else {
             let runnable: Vec<String> = self
@@ -244,13 +255,27 @@ impl Engine {
                 .filter(|j| {
                     matches!(
                         j.state,
-                        JobState::Frozen | JobState::Deleting | JobState::Verifying
+                        JobState::Requested
+                            | JobState::Frozen
+                            | JobState::Deleting
+                            | JobState::Verifying
                     )
                 })
                 .map(|j| j.job_id)
                 .collect();
             for id in runnable {
-                out.push(self.run(&id, opts, progress)?);
+                if self.waits_on_a_hold(&id)? {
+                    continue;
+                }
+                match self.run(&id, opts, progress) {
+                    Ok(o) => out.push(o),
+                    // A live process is running it (its claim is held): not abandoned.
+                    Err(EngineError::Claimed(_)) => {
+                        tracing::info!(job = %id, "Skipped: another process is running it.")
+                    }
+                    Err(EngineError::Held { .. }) => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(out)
@@ -323,6 +348,17 @@ impl Engine {
              target under the same name)",
             missing.join(", ")
         )))
+    }
+
+    /// A REQUESTED job that a legal hold still covers: `work` leaves it (no new refusal
+    /// journaled each time it runs); a resume after the release runs it.
+    fn waits_on_a_hold(&self, job_id: &str) -> Result<bool, EngineError> {
+        let job = self.journal.job(job_id)?;
+        Ok(job.state == JobState::Requested
+            && !self
+                .journal
+                .holds_covering(job.scope.tenant(), job.scope.subject())?
+                .is_empty())
     }
 
     /// [`EngineError::Held`] (journaled) if a legal hold covers the job's scope now: for a

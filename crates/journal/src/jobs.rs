@@ -173,6 +173,9 @@ pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
 pub struct Claim {
     /// The open transaction on PostgreSQL, rolled back on drop.
     pg: Option<postgres::Client>,
+    /// On SQLite, the job's lock file, locked exclusively: the operating system releases it
+    /// when this process closes it or dies.
+    _file: Option<std::fs::File>,
     /// The claimed job.
     pub job_id: String,
 }
@@ -248,11 +251,11 @@ impl Journal {
 
     /// Claims a job to run it. `None`: another process holds it (PostgreSQL only).
     pub fn claim(&self, job_id: &str) -> Result<Option<Claim>> {
+        if let crate::Backend::Sqlite { path, .. } = &self.backend {
+            return self.claim_file(path, job_id);
+        }
         let Some(mut c) = self.pg_connect()? else {
-            return Ok(Some(Claim {
-                pg: None,
-                job_id: job_id.to_string(),
-            }));
+            unreachable!("a PostgreSQL journal connects or fails");
         };
         // Jobs created before claims existed get their row now.
         c.execute(
@@ -270,13 +273,52 @@ impl Journal {
             .map_err(|e| self.db(crate::db::pg_err(e)))?;
         Ok((!got.is_empty()).then(|| Claim {
             pg: Some(c),
+            _file: None,
             job_id: job_id.to_string(),
         }))
     }
 
-    /// Claims the oldest job in FROZEN, DELETING or VERIFYING that no process is running
-    /// (a runner that died left it). `None` if there is none, or on SQLite.
-    pub fn claim_next(&self) -> Result<Option<Claim>> {
+    /// A claim on SQLite: an exclusive lock on `<journal>-claims/<job id>`, taken without
+    /// waiting. Like PostgreSQL's row lock, it dies with the process that holds it, so a second
+    /// runner of a live job is refused (exit 3) and a killed runner's job can be picked up.
+    fn claim_file(&self, journal: &std::path::Path, job_id: &str) -> Result<Option<Claim>> {
+        let io = |e: std::io::Error| self.db(format!("claim file: {e}"));
+        // Job ids are Lethe's own (`del-` and hex); anything else is not a file name here.
+        if !job_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(self.db("not a job id".to_string()));
+        }
+        let mut dir = journal.as_os_str().to_owned();
+        dir.push("-claims");
+        let dir = std::path::PathBuf::from(dir);
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&dir).map_err(io)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(job_id))
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Claim {
+                pg: None,
+                _file: Some(file),
+                job_id: job_id.to_string(),
+            })),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+        }
+    }
+
+    /// Claims the oldest unfinished job (REQUESTED, FROZEN, DELETING or VERIFYING) that no
+    /// process is running (a runner that died left it) and that is not in `skip`. `None` if
+    /// there is none, or on SQLite.
+    pub fn claim_next(&self, skip: &[String]) -> Result<Option<Claim>> {
         let Some(mut c) = self.pg_connect()? else {
             return Ok(None);
         };
@@ -286,9 +328,10 @@ impl Journal {
             .query(
                 &format!(
                     "SELECT c.job_id FROM job_claims c JOIN jobs j ON j.job_id = c.job_id
-                      WHERE j.state IN ({RUNNABLE}) ORDER BY j.requested_at LIMIT 1 FOR UPDATE OF c SKIP LOCKED"
+                      WHERE j.state IN ('REQUESTED', {RUNNABLE}) AND NOT (c.job_id = ANY($1))
+                      ORDER BY j.requested_at LIMIT 1 FOR UPDATE OF c SKIP LOCKED"
                 ),
-                &[],
+                &[&skip],
             )
             .map_err(|e| self.db(crate::db::pg_err(e)))?;
         Ok(got
@@ -296,6 +339,7 @@ impl Journal {
             .map(|r| Claim {
                 job_id: r.get(0),
                 pg: None,
+                _file: None,
             })
             .map(|mut claim| {
                 claim.pg = Some(c);

@@ -81,6 +81,8 @@ enum Backend {
         conn: Mutex<rusqlite::Connection>,
         /// Shared by every `Journal` of this process on the same file (see [`file_lock`]).
         writers: Arc<Mutex<()>>,
+        /// The journal file, beside which claims are lock files ([`Journal::claim`]).
+        path: PathBuf,
     },
     Postgres {
         client: Mutex<postgres::Client>,
@@ -195,6 +197,7 @@ impl Journal {
             backend: Backend::Sqlite {
                 conn: Mutex::new(conn),
                 writers,
+                path: path.to_path_buf(),
             },
             shown,
         };
@@ -246,7 +249,7 @@ impl Journal {
     /// the reads inside see the state the writes apply to (no check-then-act across processes).
     pub(crate) fn write<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
         match &self.backend {
-            Backend::Sqlite { conn, writers } => {
+            Backend::Sqlite { conn, writers, .. } => {
                 let _writer = lock(writers);
                 let mut conn = lock(conn);
                 let tx = conn

@@ -805,13 +805,13 @@ fn claims_are_exclusive_and_die_with_their_holder(st: Store) {
         "a second process cannot claim a running job"
     );
     assert!(
-        other.claim_next().unwrap().is_none(),
+        other.claim_next(&[]).unwrap().is_none(),
         "nor pick it up as abandoned work"
     );
     drop(claim); // the runner dies: its connection, and the row lock, go with it
     other.prepare_claim();
     let next = other
-        .claim_next()
+        .claim_next(&[])
         .unwrap()
         .expect("the abandoned job is picked up");
     assert_eq!(next.job_id, a);
