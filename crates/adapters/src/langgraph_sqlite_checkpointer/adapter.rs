@@ -252,11 +252,14 @@ impl Checkpointer {
         let (t, s, th) = (
             exact(&quote_ident(&r.tenant)),
             exact(&quote_ident(&r.subject)),
-            exact(&quote_ident(&r.thread)),
+            quote_ident(&r.thread),
         );
+        let eth = exact(&th);
+        // One lookup per thread, by the thread column's index if it has one.
         let sql = format!(
-            "SELECT count(*) FROM {} WHERE {th} IN (SELECT value FROM json_each(?1))
-               AND NOT ({t} IS ?2 AND (?3 IS NULL OR {s} IS ?3))",
+            "SELECT count(*) FROM json_each(?1) AS j WHERE EXISTS (
+               SELECT 1 FROM {} WHERE {th} = j.value AND {eth} = j.value
+                  AND NOT ({t} IS ?2 AND (?3 IS NULL OR {s} IS ?3)))",
             quote_ident(&r.table)
         );
         let list = serde_json::to_string(threads).map_err(|e| self.failed(e.to_string()))?;
@@ -267,7 +270,7 @@ impl Checkpointer {
             .map_err(|e| self.err(e))?;
         if others > 0 {
             return Err(self.failed(format!(
-                "threads in scope are also registered to another owner ({others} registry rows); \
+                "threads in scope are also registered to another owner ({others} threads); \
                  erasing them would erase that owner's threads: resolve their ownership by hand"
             )));
         }
