@@ -811,7 +811,57 @@ macro_rules! both {
     };
 }
 
+/// A transaction that wrote before the fence closed was admitted then; closing the fence waits
+/// for it to end, so its rows are committed before the inventory and erased with the rest
+/// (without the wait, an application transaction that committed after COMPLETE left them).
+fn a_fence_waits_for_transactions_that_wrote_before_it(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    guard(&cp).install().unwrap();
+    let mut app = db.client();
+    let mut tx = app.transaction().unwrap();
+    tx.execute(
+        PUT_CHECKPOINT,
+        &[&"late-1", &"c0", &meta("acme", "alice", None)],
+    )
+    .unwrap();
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    std::thread::scope(|sc| {
+        let closing = sc.spawn(|| guard(&cp).close(&f));
+        let mut watch = db.client();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let waiting: i64 = watch
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'ShareLock' AND locktype = 'relation'",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                !closing.is_finished(),
+                "the fence closed without waiting for the open writer"
+            );
+            assert!(std::time::Instant::now() < deadline, "never waited");
+            std::thread::yield_now();
+        }
+        tx.commit().unwrap();
+        assert!(closing.join().unwrap().unwrap());
+    });
+    let inv = cp.adapter.inventory(&s).unwrap();
+    assert!(
+        inv.locators.iter().any(|(l, n)| l == "0:late-1" && *n == 1),
+        "the late writer's thread is in the inventory"
+    );
+}
+
 both!(
+    a_fence_waits_for_transactions_that_wrote_before_it,
     install_is_idempotent_and_uninstall_leaves_the_database_as_it_was,
     uninstall_is_refused_while_a_fence_is_closed,
     refuses_fenced_erased_and_stale_writes_and_admits_current_ones,

@@ -65,6 +65,9 @@ const LOCK: i64 = 0x6c65_7468_6567_7264; // "lethegrd"
 pub(crate) type Attach = (&'static str, &'static str, Vec<String>);
 
 /// A PostgreSQL target's guard.
+/// How long closing a fence waits for transactions that wrote before it.
+const WAIT_WRITERS: &str = "30s";
+
 #[derive(Debug)]
 pub(crate) struct PgGuard {
     target: String,
@@ -110,6 +113,30 @@ impl PgGuard {
             .iter()
             .map(|(t, _, _)| (*t).to_string())
             .collect()
+    }
+
+    /// Waits until every transaction that wrote to the guarded tables before the fence
+    /// committed has ended. Its trigger ran before the fence, so it was admitted; if it
+    /// committed after the inventory, its rows would escape the erasure (found by a guard
+    /// review: an application transaction that wrote a new thread before the erasure and
+    /// committed after COMPLETE). A `SHARE` lock waits for every holder of `ROW EXCLUSIVE`,
+    /// the lock each write takes until its transaction ends, and is released at once; writers
+    /// that arrive meanwhile queue behind it. At most [`WAIT_WRITERS`]: then the job blocks
+    /// (retryable) and its resume waits again.
+    fn wait_for_earlier_writers(&self) -> Result<(), AdapterError> {
+        let tables = self
+            .tables()
+            .iter()
+            .map(|t| format!("{}.{}", quote(&self.schema), quote(t)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.conn.with(|c| {
+            let mut tx = c.transaction()?;
+            tx.batch_execute(&format!(
+                "SET LOCAL lock_timeout = '{WAIT_WRITERS}'; LOCK TABLE {tables} IN SHARE MODE"
+            ))?;
+            tx.commit()
+        })
     }
 
     /// Runs `f` in one transaction under the guard's advisory lock, if the guard's schema
@@ -284,7 +311,11 @@ impl Guard for PgGuard {
             }
             Ok(())
         })?;
-        Ok(done.is_some())
+        if done.is_none() {
+            return Ok(false);
+        }
+        self.wait_for_earlier_writers()?;
+        Ok(true)
     }
 
     fn record_erased(&self, fence: &Fence<'_>, frozen: &[Locator]) -> Result<bool, AdapterError> {
