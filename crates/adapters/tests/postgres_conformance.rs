@@ -847,6 +847,25 @@ fn registry_rows_compare_bytes_and_a_thread_registered_to_two_owners_is_refused(
         .collect()
     };
     let before = others(&mut c);
+    // Every row of a thread the registry does not give alice, byte for byte.
+    let threads_kept = |c: &mut Client| -> Vec<String> {
+        ["checkpoints", "checkpoint_blobs", "checkpoint_writes"]
+            .iter()
+            .map(|t| {
+                c.query_one(
+                    &format!(
+                        "SELECT coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '') FROM {t} x
+                          WHERE thread_id NOT IN (SELECT thread_id FROM thread_registry
+                                                   WHERE tenant_id = 'acme' AND user_id = 'alice')"
+                    ),
+                    &[],
+                )
+                .unwrap()
+                .get(0)
+            })
+            .collect()
+    };
+    let threads_before = threads_kept(&mut c);
     let tg = checkpointer_registry_only(&db, "public.reg_ci");
     let alice = subject_scope("acme", "alice");
     let inv = tg.adapter.inventory(&alice).unwrap();
@@ -868,6 +887,11 @@ fn registry_rows_compare_bytes_and_a_thread_registered_to_two_owners_is_refused(
         others(&mut c),
         before,
         "Alice's and ALICE's rows and everyone else's kept"
+    );
+    assert_eq!(
+        threads_kept(&mut c),
+        threads_before,
+        "every other thread kept"
     );
 
     // The same thread registered to alice and to bob.

@@ -618,6 +618,33 @@ fn a_thread_whose_checkpoints_name_two_owners_is_refused_not_erased() {
     );
 }
 
+/// A subject's threads, from the fixture manifest.
+fn threads_of(c: &Copy, tenant: &str, subject: &str) -> Vec<String> {
+    c.manifest["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["tenant_id"] == tenant && x["user_id"] == subject)
+        .flat_map(|x| x["threads"].as_array().unwrap().iter())
+        .map(|t| t["thread_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every checkpoint and write of a thread not in `threads`, byte for byte.
+fn rows_not_of(c: &Copy, threads: &[String]) -> Vec<Row> {
+    dump(
+        &c.dir.path().join("checkpoints.db"),
+        &["checkpoints", "writes"],
+        &|_, _, _| none(),
+    )
+    .into_iter()
+    .filter(|r| {
+        let text = String::from_utf8_lossy(&r.bytes);
+        !threads.iter().any(|t| text.contains(t.as_str()))
+    })
+    .collect()
+}
+
 /// The checkpointer with its registry in table `table` of app.db, registry only or with the
 /// metadata keys too.
 fn checkpointer_with_registry(table: &str, metadata: bool) -> String {
@@ -664,6 +691,11 @@ fn a_registry_column_with_its_own_collation_or_affinity_never_widens_the_scope()
         r
     };
 
+    // Every checkpoint and write of a thread that is not alice's, byte for byte.
+    let alice_threads = threads_of(&c, "acme", "alice");
+    let not_alices = || rows_not_of(&c, &alice_threads);
+    let kept = not_alices();
+    assert!(!kept.is_empty());
     let tg = target(
         c.dir.path(),
         &checkpointer_with_registry("reg_nocase", false),
@@ -691,6 +723,10 @@ fn a_registry_column_with_its_own_collation_or_affinity_never_widens_the_scope()
         rows("reg_nocase"),
         others,
         "every other row kept, Alice's and ACME's included"
+    );
+    assert!(
+        not_alices() == kept,
+        "every other thread's rows kept byte for byte"
     );
 
     let tg = target(c.dir.path(), &checkpointer_with_registry("reg_int", false));
@@ -783,6 +819,8 @@ fn metadata_that_escapes_the_owner_or_gives_it_as_a_number_is_found() {
         .unwrap();
     assert!(n > 0);
     drop(conn);
+    let alice_threads = threads_of(&c, "acme", "alice");
+    let kept = rows_not_of(&c, &alice_threads);
     let cfg = checkpointer_with_registry("thread_registry", true);
     let tg = target(c.dir.path(), &cfg);
     let alice = subject_scope("acme", "alice");
@@ -795,6 +833,10 @@ fn metadata_that_escapes_the_owner_or_gives_it_as_a_number_is_found() {
     );
     tg.adapter.erase_batch(&alice, &inv.locators).unwrap();
     assert_eq!(tg.adapter.verify(&alice, &inv.locators).unwrap(), 0);
+    assert!(
+        rows_not_of(&c, &alice_threads) == kept,
+        "every other thread's rows kept byte for byte"
+    );
 
     // A numeric owner: `7` names subject "7", as PostgreSQL's `->>` reads it.
     let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
