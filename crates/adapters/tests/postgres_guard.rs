@@ -860,7 +860,59 @@ fn a_fence_waits_for_transactions_that_wrote_before_it(version: u32) {
     );
 }
 
+/// A REPEATABLE READ transaction whose snapshot predates the fence would read the fence state
+/// as it was: its write is refused with a serialization failure (retry), and the retry, with a
+/// new snapshot, meets the fence. READ COMMITTED writers are judged as before.
+fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    guard(&cp).install().unwrap();
+    let mut app = db.client();
+    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM checkpoints")
+        .unwrap();
+    let s = scope("acme", "alice");
+    assert!(guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"rr-1", &"c0", &meta("acme", "alice", None)]
+        ),
+        Some("40001".to_string()),
+        "a snapshot from before the fence is refused"
+    );
+    app.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"rr-1", &"c0", &meta("acme", "alice", None)]
+        ),
+        Some("LT001".to_string()),
+        "the retry meets the fence"
+    );
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"rr-2", &"c0", &meta("acme", "bob", None)]
+        ),
+        None,
+        "others write as before"
+    );
+    let n: i64 = app
+        .query_one(
+            "SELECT count(*) FROM checkpoints WHERE thread_id = 'rr-1'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+}
+
 both!(
+    a_transaction_whose_snapshot_predates_the_fence_is_refused,
     a_fence_waits_for_transactions_that_wrote_before_it,
     install_is_idempotent_and_uninstall_leaves_the_database_as_it_was,
     uninstall_is_refused_while_a_fence_is_closed,

@@ -1,4 +1,4 @@
--- Lethe's database guard for LangGraph on PostgreSQL, version 3. Run in one transaction by
+-- Lethe's database guard for LangGraph on PostgreSQL, version 4. Run in one transaction by
 -- `lethe guard install`; every statement is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
 -- REPLACE), so installing twice changes nothing. Everything lives in schema `lethe_guard`
 -- except the triggers, which `lethe_guard.attach` creates on LangGraph's tables.
@@ -114,6 +114,42 @@ INSERT INTO lethe_guard.known (d)
     UNION SELECT thread FROM lethe_guard.erased_thread
     UNION SELECT item FROM lethe_guard.erased_item
     ON CONFLICT (d) DO NOTHING;
+
+-- Snapshots older than a fence change (version 4). A trigger reads the fence state with its
+-- transaction's snapshot: a REPEATABLE READ transaction that took its snapshot before a fence
+-- closed would never see it. Every change that adds fence state (a fence closed, threads or
+-- items recorded as erased) first draws `gen` (a sequence: not transactional, so every
+-- session sees the draw at once) and writes the number to `gen_seen` (transactional: seen once
+-- committed, and only by snapshots taken after). `fresh()` compares them, inside the first
+-- probe's statement; a write that finds them apart goes to `catch_up()`.
+CREATE SEQUENCE IF NOT EXISTS lethe_guard.gen;
+CREATE TABLE IF NOT EXISTS lethe_guard.gen_seen (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    g bigint NOT NULL
+);
+-- Install holds the guard's lock, so no change is half-written: this also repairs a draw whose
+-- transaction died before it committed.
+INSERT INTO lethe_guard.gen_seen (g) VALUES (coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0))
+    ON CONFLICT (one) DO UPDATE SET g = EXCLUDED.g;
+-- VOLATILE (pg_sequence_last_value is), which still lets it be inlined into the probe.
+CREATE OR REPLACE FUNCTION lethe_guard.fresh() RETURNS boolean
+    LANGUAGE sql VOLATILE
+    AS $$ SELECT (SELECT g FROM lethe_guard.gen_seen) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) $$;
+-- Either a change is being written (its transaction holds the guard's lock: wait for it, after
+-- which READ COMMITTED statements see it), or this transaction's snapshot predates one: refuse
+-- with a serialization failure, which the application retries in a new transaction.
+CREATE OR REPLACE FUNCTION lethe_guard.catch_up() RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF lethe_guard.fresh() THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(7810777120470692452);  -- the guard's lock (mod.rs LOCK)
+    IF NOT lethe_guard.fresh() AND current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'lethe guard: this transaction''s snapshot is older than a fence; retry the transaction'
+            USING ERRCODE = '40001';
+    END IF;
+END $$;
 
 -- One probe first. Most writes belong to a thread, an item and an owner the guard knows nothing
 -- of. For them the trigger's first statement, one primary-key probe of `known` with every digest
@@ -234,9 +270,11 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = ANY (ARRAY[
             lethe_guard.thread_digest(NEW.thread_id),
             lethe_guard.tenant_owner(NEW.metadata ->> NULLIF(TG_ARGV[0], '')),
-            lethe_guard.subject_owner(NEW.metadata ->> NULLIF(TG_ARGV[0], ''), NEW.metadata ->> NULLIF(TG_ARGV[1], ''))])) THEN
+            lethe_guard.subject_owner(NEW.metadata ->> NULLIF(TG_ARGV[0], ''), NEW.metadata ->> NULLIF(TG_ARGV[1], ''))]))
+       AND lethe_guard.fresh() THEN
         RETURN NEW;
     END IF;
+    PERFORM lethe_guard.catch_up();
     IF TG_OP = 'UPDATE' AND NEW.thread_id = OLD.thread_id
        AND NEW.checkpoint IS NOT DISTINCT FROM OLD.checkpoint
        AND NEW.metadata IS NOT DISTINCT FROM OLD.metadata THEN
@@ -296,9 +334,11 @@ BEGIN
     -- the owner must be read from the checkpoint (below).
     IF NOT (EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = lethe_guard.thread_digest(NEW.thread_id))
             OR EXISTS (SELECT 1 FROM lethe_guard.subject_fence f WHERE f.fenced)
-            OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence f WHERE f.fenced)) THEN
+            OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence f WHERE f.fenced))
+       AND lethe_guard.fresh() THEN
         RETURN NEW;
     END IF;
+    PERFORM lethe_guard.catch_up();
     IF TG_OP = 'UPDATE' AND NEW IS NOT DISTINCT FROM OLD THEN
         RETURN NEW;
     END IF;
@@ -388,9 +428,11 @@ BEGIN
             lethe_guard.item_digest(NEW.prefix, NEW.key),
             lethe_guard.tenant_owner(split_part(NEW.prefix, '.', array_position(TG_ARGV, '{tenant}') + 1)),
             lethe_guard.subject_owner(split_part(NEW.prefix, '.', array_position(TG_ARGV, '{tenant}') + 1),
-                                      split_part(NEW.prefix, '.', array_position(TG_ARGV, '{subject}') + 1))])) THEN
+                                      split_part(NEW.prefix, '.', array_position(TG_ARGV, '{subject}') + 1))]))
+       AND lethe_guard.fresh() THEN
         RETURN NEW;
     END IF;
+    PERFORM lethe_guard.catch_up();
     -- A TTL refresh (LangGraph updates expires_at on read) writes no memory.
     IF TG_OP = 'UPDATE' AND NEW.prefix = OLD.prefix AND NEW.key = OLD.key
        AND NEW.value IS NOT DISTINCT FROM OLD.value THEN
@@ -454,5 +496,5 @@ BEGIN
                    coalesce((SELECT string_agg(quote_literal(x), ', ' ORDER BY n) FROM unnest(args) WITH ORDINALITY AS u(x, n)), ''));
 END $$;
 
-INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '3')
+INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '4')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -27,9 +27,11 @@ use crate::{AdapterError, Locator};
 /// The guard's version, stored in `lethe_guard.meta`. 2: every digest computed once, before
 /// any lookup (the same rules as 1, at a third of its cost a write). 3: one probe of
 /// `lethe_guard.known` first, so a write the guard knows nothing of runs one statement (the
-/// same rules; about 60% of 2's cost a store write). `lethe guard install` brings a database from 1
-/// or 2 to 3 in place, its fences and erased lists kept.
-pub const VERSION: &str = "3";
+/// same rules; about 60% of 2's cost a store write). 4: a write whose transaction's snapshot
+/// predates a fence change is refused (`40001`, retry) instead of judged on old state
+/// (`lethe_guard.gen`). `lethe guard install` brings a database from 1, 2 or 3 to 4 in place,
+/// its fences and erased lists kept.
+pub const VERSION: &str = "4";
 
 const INSTALL: &str = include_str!("install.sql");
 
@@ -54,6 +56,10 @@ DROP TABLE IF EXISTS lethe_guard.tenant_fence;
 DROP TABLE IF EXISTS lethe_guard.subject_fence;
 DROP TABLE IF EXISTS lethe_guard.meta;
 DROP TABLE IF EXISTS lethe_guard.known;
+DROP FUNCTION IF EXISTS lethe_guard.catch_up();
+DROP FUNCTION IF EXISTS lethe_guard.fresh();
+DROP TABLE IF EXISTS lethe_guard.gen_seen;
+DROP SEQUENCE IF EXISTS lethe_guard.gen;
 DROP FUNCTION IF EXISTS lethe_guard.remember();
 DROP SCHEMA IF EXISTS lethe_guard RESTRICT;
 ";
@@ -65,6 +71,10 @@ const LOCK: i64 = 0x6c65_7468_6567_7264; // "lethegrd"
 pub(crate) type Attach = (&'static str, &'static str, Vec<String>);
 
 /// A PostgreSQL target's guard.
+/// First statement of every change that adds fence state (install.sql, "Snapshots older than a
+/// fence change"): the draw is seen by every session at once, its record once committed.
+const NEW_GENERATION: &str = "UPDATE lethe_guard.gen_seen SET g = nextval('lethe_guard.gen')";
+
 /// How long closing a fence waits for transactions that wrote before it.
 const WAIT_WRITERS: &str = "30s";
 
@@ -288,6 +298,7 @@ impl Guard for PgGuard {
 
     fn close(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
         let done = self.in_guard(|tx| {
+            tx.batch_execute(NEW_GENERATION)?;
             match fence {
                 Fence::Subject { tenant, subject, epoch } => {
                     tx.execute(
@@ -335,6 +346,7 @@ impl Guard for PgGuard {
                 Fence::Memory => (0, true),
             };
             let done = self.in_guard(|tx| {
+                tx.batch_execute(NEW_GENERATION)?;
                 tx.execute(
                     "INSERT INTO lethe_guard.erased_item (item, epoch, forever)
                      SELECT lethe_guard.item_digest(p, k), $3, $4 FROM unnest($1::text[], $2::text[]) AS u(p, k)
@@ -353,6 +365,7 @@ impl Guard for PgGuard {
                 .filter_map(|(l, _)| l.split_once(':').map(|(_, t)| t.to_string()))
                 .collect();
             let done = self.in_guard(|tx| {
+                tx.batch_execute(NEW_GENERATION)?;
                 tx.execute(
                     "INSERT INTO lethe_guard.erased_thread (thread)
                      SELECT DISTINCT lethe_guard.thread_digest(t) FROM unnest($1::text[]) AS u(t)
