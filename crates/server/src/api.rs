@@ -28,7 +28,10 @@ use crate::revocations::Watchers;
 
 #[derive(Clone)]
 pub(crate) struct State {
-    pub(crate) engine: Arc<Engine>,
+    /// The engine's journal may hold a blocking PostgreSQL client, whose drop runs a runtime
+    /// of its own and so panics on a runtime thread; whichever holder (a connection's router,
+    /// the server) lets the last reference go, the engine is dropped off the runtime's threads.
+    pub(crate) engine: Arc<crate::pool::DropOffRuntime<Arc<Engine>>>,
     pub(crate) pool: Arc<Pool>,
     pub(crate) tokens: Arc<Vec<(String, Role)>>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -498,7 +501,7 @@ async fn create_job(
         // A legal hold answers 409 `held` now, as the CLI exits 4, not from the job's thread.
         engine.refuse_if_held(&job_id)?;
         let state_now = engine.outcome(&job_id)?.state;
-        run_in_background(Arc::clone(&engine), job_id.clone(), opts)?;
+        run_in_background(Arc::clone(&**engine), job_id.clone(), opts)?;
         Ok::<_, EngineError>((job_id, created, state_now))
     })
     .await
@@ -584,7 +587,7 @@ async fn resume_job(
         if state_now != JobState::Complete {
             engine.refuse_if_held(&job_id)?;
         }
-        run_in_background(engine, job_id, opts)?;
+        run_in_background(Arc::clone(&**engine), job_id, opts)?;
         Ok::<_, EngineError>(state_now)
     })
     .await

@@ -92,15 +92,12 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
-    // The engine's journal may hold a blocking PostgreSQL client, whose drop runs a runtime of
-    // its own and so panics on this runtime's threads: the last reference is dropped off them.
-    let engine = pool::DropOffRuntime::new(Arc::clone(&server.engine));
     let pg = server
         .postgres
         .map(|s| Arc::new(pg::PgGate::new(s, server.journals.len())));
     let state = api::State {
         pg,
-        engine: server.engine,
+        engine: Arc::new(pool::DropOffRuntime::new(server.engine)),
         pool: Arc::new(pool::Pool::new(server.journals)),
         tokens: Arc::new(server.tokens),
         clock: server.clock,
@@ -121,15 +118,13 @@ pub async fn run(
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let served = axum::serve(listener, api::router(state))
+    axum::serve(listener, api::router(state))
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("Shutting down: no new connections; ending revocation streams.");
             let _ = stop_tx.send(true);
         })
-        .await;
-    drop(engine);
-    served
+        .await
 }
 
 /// How often `lethe serve` deletes ended permits and expired leases (`Journal::sweep_gate`).
