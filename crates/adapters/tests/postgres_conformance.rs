@@ -140,14 +140,24 @@ fn target(toml_text: &str) -> Target {
 }
 
 fn checkpointer(db: &Db) -> Target {
+    checkpointer_with(db, "public.thread_registry", true)
+}
+
+/// The checkpointer with its registry in `table`, with or without the metadata keys.
+fn checkpointer_with(db: &Db, table: &str, metadata: bool) -> Target {
+    let metadata = if metadata {
+        r#"metadata = { tenant = "tenant_id", subject = "user_id" }"#
+    } else {
+        ""
+    };
     target(&format!(
         r#"
 name = "checkpoints"
 kind = "langgraph-postgres-checkpointer"
 class = "primary"
 url = "{}"
-registry = {{ table = "public.thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
-metadata = {{ tenant = "tenant_id", subject = "user_id" }}
+registry = {{ table = "{table}", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
+{metadata}
 "#,
         db.url
     ))
@@ -807,19 +817,6 @@ fn a_wrong_password_is_refused_naming_the_target_and_never_the_password() {
         .unwrap();
 }
 
-fn checkpointer_registry_only(db: &Db, table: &str) -> Target {
-    target(&format!(
-        r#"
-name = "checkpoints"
-kind = "langgraph-postgres-checkpointer"
-class = "primary"
-url = "{}"
-registry = {{ table = "{table}", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
-"#,
-        db.url
-    ))
-}
-
 /// A registry column with a nondeterministic collation (`Bob` equals `bob` under it) is compared
 /// byte for byte; a thread the registry gives to two owners is refused for both.
 #[test]
@@ -866,7 +863,7 @@ fn registry_rows_compare_bytes_and_a_thread_registered_to_two_owners_is_refused(
             .collect()
     };
     let threads_before = threads_kept(&mut c);
-    let tg = checkpointer_registry_only(&db, "public.reg_ci");
+    let tg = checkpointer_with(&db, "public.reg_ci", false);
     let alice = subject_scope("acme", "alice");
     let inv = tg.adapter.inventory(&alice).unwrap();
     let registry: Vec<&str> = inv
@@ -907,7 +904,7 @@ fn registry_rows_compare_bytes_and_a_thread_registered_to_two_owners_is_refused(
          INSERT INTO reg_multi VALUES ('acme', 'alice', '{thread}');"
     ))
     .unwrap();
-    let tg = checkpointer_registry_only(&db, "public.reg_multi");
+    let tg = checkpointer_with(&db, "public.reg_multi", false);
     for who in ["alice", "bob"] {
         match tg.adapter.inventory(&subject_scope("acme", who)) {
             Err(AdapterError::Failed { why, .. }) => {

@@ -506,6 +506,17 @@ fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
     assert_eq!(out["state"], "COMPLETE");
 }
 
+/// A run's JSON outcome: exit 0, COMPLETE, each target's certificate count its inventory's,
+/// and every other subject's rows as they were.
+fn completed_as_inventoried(env: &Env, code: i32, out: &Value, inv: &Value, others: &[String]) {
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    for t in ["checkpoints", "memories"] {
+        assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
+    }
+    assert_eq!(env.others_rows(), others, "others untouched");
+}
+
 /// Starts an erase that pauses at `point` and returns it once it is there (it wrote the
 /// marker and blocks forever in the thread that reached the point).
 fn pause_at(env: &Env, point: &str) -> std::process::Child {
@@ -571,12 +582,7 @@ fn targets_are_erased_at_once_so_a_stalled_target_holds_back_no_other() {
     child.kill().unwrap();
     child.wait().unwrap();
     let (c, out) = env.json(&ERASE_ALICE);
-    assert_eq!(c, 0, "{out}");
-    assert_eq!(out["state"], "COMPLETE");
-    for t in ["checkpoints", "memories"] {
-        assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
-    }
-    assert_eq!(env.others_rows(), others, "others untouched");
+    completed_as_inventoried(&env, c, &out, &inv, &others);
 }
 
 #[test]
@@ -1498,12 +1504,7 @@ fn a_live_runner_keeps_its_job_on_sqlite_and_a_killed_one_does_not() {
     runner.kill().unwrap();
     runner.wait().unwrap();
     let (c, out) = env.json(&["resume", &job, "--json"]);
-    assert_eq!(c, 0, "{out}");
-    assert_eq!(out["state"], "COMPLETE");
-    for t in ["checkpoints", "memories"] {
-        assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
-    }
-    assert_eq!(env.others_rows(), others, "others untouched");
+    completed_as_inventoried(&env, c, &out, &inv, &others);
 }
 
 /// `work` finishes a job left REQUESTED (its process died before the freeze), and leaves one a
