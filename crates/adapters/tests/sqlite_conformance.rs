@@ -608,14 +608,19 @@ fn a_thread_whose_checkpoints_name_two_owners_is_refused_not_erased() {
     assert_eq!(n, 1);
     let before = std::fs::read(c.dir.path().join("checkpoints.db")).unwrap();
     let tg = target(c.dir.path(), CHECKPOINTER);
-    match tg.adapter.inventory(&subject_scope("acme", "alice")) {
-        Err(AdapterError::Failed { why, .. }) => assert!(why.contains("another owner"), "{why}"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    refused_as_anothers(&tg, "alice", "another owner");
     assert_eq!(
         std::fs::read(c.dir.path().join("checkpoints.db")).unwrap(),
         before
     );
+}
+
+/// The inventory of acme/`who` is refused, naming `why`.
+fn refused_as_anothers(tg: &Target, who: &str, why: &str) {
+    match tg.adapter.inventory(&subject_scope("acme", who)) {
+        Err(AdapterError::Failed { why: w, .. }) => assert!(w.contains(why), "{who}: {w}"),
+        other => panic!("{who}: expected a refusal, got {other:?}"),
+    }
 }
 
 /// A subject's threads, from the fixture manifest.
@@ -768,12 +773,7 @@ fn a_thread_another_owner_holds_by_registry_or_by_subject_alone_is_refused() {
             &checkpointer_with_registry("reg_multi", metadata),
         );
         for who in ["alice", "bob"] {
-            match tg.adapter.inventory(&subject_scope("acme", who)) {
-                Err(AdapterError::Failed { why, .. }) => {
-                    assert!(why.contains("registered to another owner"), "{why}")
-                }
-                other => panic!("{who}: expected a refusal, got {other:?}"),
-            }
+            refused_as_anothers(&tg, who, "registered to another owner");
         }
     }
     // A checkpoint of alice's thread that names bob and no tenant.
@@ -789,10 +789,7 @@ fn a_thread_another_owner_holds_by_registry_or_by_subject_alone_is_refused() {
     drop(conn);
     let before_cp = std::fs::read(c.dir.path().join("checkpoints.db")).unwrap();
     let tg = target(c.dir.path(), CHECKPOINTER);
-    match tg.adapter.inventory(&subject_scope("acme", "alice")) {
-        Err(AdapterError::Failed { why, .. }) => assert!(why.contains("another owner"), "{why}"),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
+    refused_as_anothers(&tg, "alice", "another owner");
     assert_eq!(
         std::fs::read(c.dir.path().join("checkpoints.db")).unwrap(),
         before_cp

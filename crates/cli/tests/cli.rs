@@ -326,19 +326,9 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
         env.run(&args)
     };
     let out = erase(&["--extension-reason", "complex request"]);
-    assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("goes with the --deadline"),
-        "{}",
-        stderr(&out)
-    );
+    refused(&out, "goes with the --deadline");
     let out = erase(&["--extension-reason", "a\nb", "--deadline", "2099-01-01"]);
-    assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("control characters"),
-        "{}",
-        stderr(&out)
-    );
+    refused(&out, "control characters");
     let out = env.run(&[
         "hold",
         "add",
@@ -347,12 +337,7 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
         "--reason",
         "x\u{1b}[31mred",
     ]);
-    assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("control characters"),
-        "{}",
-        stderr(&out)
-    );
+    refused(&out, "control characters");
     // A value typed without its flag is not repeated in the error.
     let out = env.run(&[
         "erase",
@@ -504,6 +489,12 @@ fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
     let (c, out) = env.json(&["resume", &job, "--json"]);
     assert_eq!(c, 0, "{out}");
     assert_eq!(out["state"], "COMPLETE");
+}
+
+/// Exit 2, and `why` in the message.
+fn refused(out: &Output, why: &str) {
+    assert_eq!(code(out), 2, "{}", stderr(out));
+    assert!(stderr(out).contains(why), "{why} in: {}", stderr(out));
 }
 
 /// A run's JSON outcome: exit 0, COMPLETE, each target's certificate count its inventory's,
@@ -1361,7 +1352,7 @@ fn a_job_whose_inventoried_target_left_the_config_refuses_to_run_until_it_is_bac
     let renamed = full.replace("name = \"checkpoints\"", "name = \"threads\"");
     for config in [
         renamed.as_str(),
-        &CONFIG_WITHOUT_CHECKPOINTS.replace("BATCH", "1"),
+        &without_checkpoints(&CONFIG.replace("BATCH", "1")),
     ] {
         std::fs::write(env.path().join("lethe.toml"), config).unwrap();
         let before = env.memory_bytes();
@@ -1398,22 +1389,6 @@ fn a_job_whose_inventoried_target_left_the_config_refuses_to_run_until_it_is_bac
     assert_eq!(env.inventory("acme", "alice")["checkpoints"]["count"], 0);
     assert_eq!(env.others_rows(), others, "others untouched");
 }
-
-const CONFIG_WITHOUT_CHECKPOINTS: &str = r#"
-[control]
-journal = "sqlite:lethe-journal.db"
-key_file = "lethe.key"
-policy_version = "test-1"
-certificates = "certificates"
-batch_size = BATCH
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-"#;
 
 /// An erasure that finds nothing completes (a certificate of nothing is valid) and warns on
 /// stderr, since a mistyped identifier looks exactly like that; one that erased rows does not.
@@ -1540,4 +1515,16 @@ fn work_runs_a_job_left_requested_and_skips_a_held_one() {
     assert_eq!(done[0]["state"], "COMPLETE");
     assert_eq!(env.inventory("acme", "alice")["memories"]["count"], 0);
     assert_eq!(env.others_rows(), others, "others untouched");
+}
+
+/// `config` without its `checkpoints` target (the first `[[target]]`, up to the next).
+fn without_checkpoints(config: &str) -> String {
+    let start = config.find("[[target]]").expect("a target");
+    let next = start
+        + 1
+        + config[start + 1..]
+            .find("[[target]]")
+            .expect("a second target");
+    assert!(config[start..next].contains("name = \"checkpoints\""));
+    format!("{}{}", &config[..start], &config[next..])
 }
