@@ -139,7 +139,7 @@ impl Settings {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(SettingsError::NotPostgres);
         }
-        let (head, query) = url.split_once('?').unwrap_or((url, ""));
+        let (head, query) = split_query(url);
         let mut mode: Option<(SslMode, String)> = None;
         let mut root: Option<String> = None;
         let mut rest = Vec::new();
@@ -333,10 +333,17 @@ fn unix_sockets_only(config: &postgres::Config) -> bool {
 
 /// A driver error as one line: the server's message and SQLSTATE, or the client-side error
 /// with its causes (the driver's own text for a TLS failure is only "error performing TLS
-/// handshake"; the cause says which certificate check failed). Never holds a password.
+/// handshake"; the cause says which certificate check failed). Never holds a password, and
+/// never a message that may quote row data (`row_data_may_show`): its SQLSTATE stands alone.
 pub fn describe(e: &postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return format!("{} ({})", db.message(), db.code().code());
+        let code = db.code().code();
+        if row_data_may_show(code, db.file(), db.routine()) {
+            return format!(
+                "the database refused with SQLSTATE {code} (its message is not shown: it may quote row data)"
+            );
+        }
+        return format!("{} ({code})", db.message());
     }
     let mut out = e.to_string();
     let mut cause = std::error::Error::source(e);
@@ -349,6 +356,19 @@ pub fn describe(e: &postgres::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+/// Whether a server error's message may quote the data of a row. DETAIL, HINT and CONTEXT are
+/// never shown; the message itself is PostgreSQL's own sentence, which names objects (tables,
+/// columns, constraints) but no values, except in two cases: a data exception (class `22`:
+/// `invalid input syntax for type integer: "..."`), and a message a function or trigger wrote
+/// itself (`RAISE` in PL/pgSQL or another procedural language, an application's audit trigger
+/// refusing a delete "of" a row), which may say anything.
+fn row_data_may_show(code: &str, file: Option<&str>, routine: Option<&str>) -> bool {
+    code.starts_with("22")
+        || code.starts_with("P0")
+        || routine == Some("exec_stmt_raise")
+        || file.is_some_and(|f| f.starts_with("pl"))
 }
 
 /// The TLS set-up for a mode: which roots are trusted (a `sslrootcert` file's, and no others,
@@ -405,18 +425,34 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The URL with the password taken out of its user part and of its query.
+/// A URL's part before its query and the query, split where the driver splits them: at the
+/// first `?` after the user part (which runs to the first `@` after the scheme, if any).
+fn split_query(url: &str) -> (&str, &str) {
+    let from = url
+        .find("://")
+        .map(|i| i + 3)
+        .and_then(|s| url[s..].find('@').map(|at| s + at + 1))
+        .unwrap_or(0);
+    match url[from..].find('?') {
+        Some(q) => (&url[..from + q], &url[from + q + 1..]),
+        None => (url, ""),
+    }
+}
+
+/// The URL with the password taken out of its user part and of its query. The user part ends
+/// where the driver ends it: at the first `@` after the scheme, wherever that is, so a password
+/// holding `?` or `/` (which the driver accepts unencoded) is taken out too.
 fn hide_password(url: &str) -> String {
-    let (head, query) = url.split_once('?').unwrap_or((url, ""));
-    let head = match head
-        .split_once("://")
-        .and_then(|(s, rest)| rest.rsplit_once('@').map(|(cred, host)| (s, cred, host)))
-    {
-        Some((scheme, cred, host)) => {
-            let user = cred.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}@{host}")
-        }
-        None => head.to_string(),
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = match rest.split_once('@') {
+        Some((cred, host)) => format!("{}@{host}", cred.split(':').next().unwrap_or("")),
+        None => rest.to_string(),
+    };
+    let (head, query) = split_query(&rest);
+    let head = if scheme.is_empty() {
+        head.to_string()
+    } else {
+        format!("{scheme}://{head}")
     };
     let query: Vec<&str> = query
         .split('&')
@@ -757,6 +793,43 @@ mod tests {
         ));
     }
 
+    /// A message a trigger raised (an application's audit trigger quoting the row) and a data
+    /// exception quoting a value are shown by their SQLSTATE alone; PostgreSQL's own messages
+    /// about objects stay readable. Against the PostgreSQL at LETHE_PG15_URL.
+    #[test]
+    fn messages_that_may_quote_row_data_are_not_shown() {
+        let url = std::env::var("LETHE_PG15_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let mut c = parse(&url).unwrap().connect().unwrap();
+        let raised = c
+            .batch_execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'audit refuses delete of %', 'ROWZQX'; END $$",
+            )
+            .unwrap_err();
+        let raised_with_code = c
+            .batch_execute(
+                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'ROWZQX'; END $$",
+            )
+            .unwrap_err();
+        let bad_value = c.query("SELECT 'ROWZQX'::int", &[]).unwrap_err();
+        for (e, code) in [
+            (&raised, "P0001"),
+            (&raised_with_code, "42501"),
+            (&bad_value, "22P02"),
+        ] {
+            let text = describe(e);
+            assert!(!text.contains("ROWZQX"), "{text}");
+            assert!(text.contains(code), "{text}");
+        }
+        let missing = c
+            .query("SELECT 1 FROM lethe_no_such_table", &[])
+            .unwrap_err();
+        assert_eq!(
+            describe(&missing),
+            "relation \"lethe_no_such_table\" does not exist (42P01)"
+        );
+    }
+
     #[test]
     fn passwords_are_never_shown() {
         let s = parse("postgres://u:secret@h:5432/db?sslmode=prefer&password=other").unwrap();
@@ -769,6 +842,32 @@ mod tests {
             shown.starts_with("postgres://u@h:5432/db?sslmode=prefer"),
             "{shown}"
         );
+        // The driver takes a password up to the first `@`, `?` and `/` included.
+        for (url, password) in [
+            (
+                "postgres://app:s3cret?PWZQ@127.0.0.1:5999/db",
+                &b"s3cret?PWZQ"[..],
+            ),
+            ("postgres://app:a/b?c@h/db?sslmode=disable", &b"a/b?c"[..]),
+        ] {
+            let s = parse(url).unwrap();
+            if url.ends_with("disable") {
+                assert_eq!(
+                    s.ssl_mode(),
+                    SslMode::Disable,
+                    "the query after the user part"
+                );
+            }
+            assert_eq!(s.config.get_password(), Some(password), "{url}");
+            let shown = s.shown();
+            let secret = std::str::from_utf8(password).unwrap();
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(
+                shown.starts_with("postgres://app@h")
+                    || shown.starts_with("postgres://app@127.0.0.1:5999/db"),
+                "{shown}"
+            );
+        }
     }
 
     #[test]
