@@ -346,8 +346,11 @@ impl Redis {
                                 .map_err(|e| self.unavailable(e))?
                         }
                         Reply::Error(e) => {
-                            return Err(self
-                                .failed(format!("{} answered: {e}", String::from_utf8_lossy(cmd))))
+                            return Err(self.failed(format!(
+                                "{} answered: {}",
+                                String::from_utf8_lossy(cmd),
+                                super::resp::shown_error(e)
+                            )))
                         }
                         _ => r,
                     };
@@ -526,7 +529,7 @@ impl Adapter for Redis {
                     self.unavailable(e)
                 })?;
             if let Reply::Error(e) = r {
-                return Err(self.failed(format!("PING answered {e}")));
+                return Err(self.failed(format!("PING answered {}", super::resp::shown_error(&e))));
             }
         }
         Ok(())

@@ -210,7 +210,7 @@ impl Conn {
         }
         if auth.db != 0 {
             if let Reply::Error(e) = c.call(&[b"SELECT", auth.db.to_string().as_bytes()])? {
-                return Err(format!("SELECT {} failed: {e}", auth.db));
+                return Err(format!("SELECT {} failed: {}", auth.db, shown_error(&e)));
             }
         }
         Ok(c)
@@ -326,6 +326,19 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 }
 
 /// A redirect in an error reply.
+/// A server's error reply, for a message: its words up to the first quoted argument. Some
+/// errors quote the command's arguments (`ERR unknown command 'UNLINK', with args beginning
+/// with: '<key>'`), and a key names a person.
+pub(crate) fn shown_error(e: &str) -> String {
+    match e.find(" '").or_else(|| e.find(" \"")) {
+        Some(i) => format!(
+            "{} (quoted arguments not shown)",
+            e[..i].trim_end_matches(':')
+        ),
+        None => e.to_string(),
+    }
+}
+
 pub(crate) enum Redirect {
     Moved(u16, Addr),
     Ask(Addr),

@@ -866,3 +866,28 @@ fn a_scope_that_could_reach_other_scopes_index_sets_is_refused() {
         );
     }
 }
+
+/// A server error that quotes a command's arguments (Redis quotes an unknown command's first
+/// arguments, here a key naming a person) is shown without them, from the real server's reply.
+#[test]
+fn a_server_error_quoting_a_key_is_shown_without_it() {
+    let (_, a) = standalone();
+    let auth = Auth {
+        username: None,
+        password: None,
+        db: 9,
+        tls: None,
+    };
+    let mut c = super::resp::Conn::open(&a, &auth, Duration::from_secs(5)).unwrap();
+    let Reply::Error(e) = c.call(&[b"LETHEUNKNOWN", b"acme:ROWZQX:mem:1"]).unwrap() else {
+        panic!("an unknown command is an error reply");
+    };
+    assert!(e.contains("ROWZQX"), "the reply quotes the key: {e}");
+    let shown = super::resp::shown_error(&e);
+    assert!(!shown.contains("ROWZQX"), "{shown}");
+    assert!(shown.starts_with("ERR unknown command"), "{shown}");
+    assert_eq!(
+        super::resp::shown_error("CROSSSLOT Keys in request don't hash to the same slot"),
+        "CROSSSLOT Keys in request don't hash to the same slot"
+    );
+}
