@@ -214,11 +214,12 @@ pub fn build(
 }
 
 /// Deserializes a kind's table, mapping serde's message (which names unknown keys and what was
-/// expected) to a plain string.
+/// expected) to a plain string, without the values it quotes (a URL given where a table was
+/// expected holds its password).
 pub(crate) fn parse_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, String> {
     toml::Value::Table(table)
         .try_into()
-        .map_err(|e: toml::de::Error| e.message().to_string())
+        .map_err(|e: toml::de::Error| lethe_core::redact_quoted(e.message()))
 }
 
 /// Resolves a configured path against the config file's folder.

@@ -448,6 +448,45 @@ fn bad_config_exits_2_and_says_what_to_fix() {
     assert!(stderr(&out).contains("cannot read config"));
 }
 
+/// A config error names the line or the key and what was expected, never the value it refuses:
+/// a TOML line may hold a URL with its password, and a value of the wrong type may be one.
+#[test]
+fn bad_config_never_quotes_the_value_it_refuses() {
+    let base = CONFIG.replace("BATCH", "500");
+    let cases = [
+        (
+            base.replace(
+                "key_file = \"lethe.key\"",
+                "journal_url = \"postgres://app:PWZQsecret@127.0.0.1:5432/lethe",
+            ),
+            "line 4, column",
+        ),
+        (
+            base.replace(
+                "namespace = [\"{tenant}\", \"{subject}\"]",
+                "namespace = \"postgres://app:PWZQsecret@127.0.0.1/x\"",
+            ),
+            "invalid type: string \"…\", expected a sequence",
+        ),
+        (
+            base.replace(
+                "policy_version = \"test-1\"",
+                "policy_version = \"PWZQ\"\nbatch_rows = \"PWZQ\"",
+            ),
+            "invalid type: string \"…\"",
+        ),
+    ];
+    for (cfg, msg) in cases {
+        let env = Env::with_config(&cfg);
+        let before = env.memory_bytes();
+        let out = env.run(&ERASE_ALICE);
+        assert_eq!(code(&out), 2, "{msg}: {}", stderr(&out));
+        assert!(stderr(&out).contains(msg), "{msg} in: {}", stderr(&out));
+        assert!(!stderr(&out).contains("PWZQ"), "{}", stderr(&out));
+        assert_eq!(env.memory_bytes(), before);
+    }
+}
+
 #[test]
 fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
     let env = Env::new(500);

@@ -7,6 +7,7 @@
 //! - [`keys`]: the deployment key and the two keys derived from it.
 //! - [`certificate`]: the signed completion proof.
 //! - [`clock`]: the injected source of time.
+//! - [`redact`]: parser messages without the values they quote.
 //!
 //! Start with [`state::transition`]; everything the engine does is driven by it.
 
@@ -15,10 +16,12 @@ pub mod certificate;
 pub mod clock;
 pub mod ident;
 pub mod keys;
+pub mod redact;
 pub mod scope;
 pub mod state;
 
 pub use basis::Basis;
 pub use ident::{IdentError, MemoryId, Subject, Tenant, Version};
+pub use redact::redact_quoted;
 pub use scope::{Scope, ScopeError, ScopeHash, ScopeKind};
 pub use state::{BlockedReason, Event, JobState};

@@ -151,6 +151,22 @@ pub struct Config {
     pub serve: Serve,
 }
 
+/// A TOML error as "line L, column C: what", without the line's text (toml's own message
+/// quotes it) and without the values the message quotes: the line may hold a URL with its
+/// password, and a value given the wrong type may be an identifier.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let what = lethe_core::redact_quoted(e.message().trim_end());
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!("line {line}, column {column}: {what}")
+        }
+        None => what,
+    }
+}
+
 impl Config {
     /// Reads and validates a config file. Touches no store.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -172,7 +188,7 @@ impl Config {
     pub fn parse(text: &str, base: &Path, shown: &str) -> Result<Self, ConfigError> {
         let raw: Raw = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: shown.into(),
-            message: e.to_string(),
+            message: parse_message(text, &e),
         })?;
         let c = raw.control.unwrap_or_default();
         let invalid = |message: String| ConfigError::Invalid {

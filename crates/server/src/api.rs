@@ -123,49 +123,7 @@ fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
 
 fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     b.map(|Json(t)| t)
-        .map_err(|e| ApiError::bad_request(redact_quoted(&e.body_text())))
-}
-
-/// The JSON parser's message without the values it quotes: serde quotes the offending value
-/// (`` invalid type: integer `987654321` ``, `invalid type: string "mk-…"`), and a runtime that
-/// sends a numeric user id or a memory id in the wrong place would find it in its own error
-/// logs. What is left names the field and what was expected.
-/// Field names (`` missing field `tenant` ``, `` unknown field `colour`, expected one of … ``)
-/// and the expected content type stay: they are the API's words, and what a caller needs to fix
-/// the request.
-fn redact_quoted(message: &str) -> String {
-    // The words serde puts before a value it quotes.
-    const VALUE: [&str; 9] = [
-        "integer ",
-        "floating point ",
-        "boolean ",
-        "char ",
-        "string ",
-        "variant ",
-        "value ",
-        "sequence ",
-        "map ",
-    ];
-    let mut out = String::with_capacity(message.len());
-    let mut rest = message;
-    while let Some(i) = rest.find(['`', '"']) {
-        let q = rest[i..].chars().next().expect("found");
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        let Some(end) = after.find(q) else {
-            out.push(q);
-            out.push('…');
-            return out;
-        };
-        let quoted = &after[..end];
-        let is_value = q == '"' || VALUE.iter().any(|w| out.ends_with(w));
-        out.push(q);
-        out.push_str(if is_value { "…" } else { quoted });
-        out.push(q);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    out
+        .map_err(|e| ApiError::bad_request(lethe_core::redact_quoted(&e.body_text())))
 }
 
 /// Runs a gate call on a pooled connection, off the async threads.
