@@ -66,6 +66,13 @@ impl Store {
         {
             c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         }
+        // Every connection to it starts in REPEATABLE READ unless it says otherwise, as a
+        // deployment may set for its applications: the gate's guarantees must not lean on the
+        // server's default isolation (the journal asks for READ COMMITTED itself).
+        c.batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .unwrap();
         let head = admin.split_once('?').map_or(&*admin, |(h, _)| h);
         let url = format!("{}/{name}{options}", head.rsplit_once('/').unwrap().0);
         Store::Postgres { admin, name, url }
@@ -738,6 +745,115 @@ fn postgres_gate_batch_answers_each_request_in_order_as_if_alone() {
         Err(JournalError::Gate(GateError::Revoked))
     ));
     assert!(j.take_permit(NOW, bob, Sink::Tool).is_ok());
+}
+
+/// Waits (bounded) until some backend of the store's database waits for a lock `what`
+/// describes (a `pg_locks` condition), so a race is set up by the server's own state, not by
+/// sleeps.
+fn wait_for_lock(st: &Store, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while st.count(&format!(
+        "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = \
+         (SELECT oid FROM pg_database WHERE datname = current_database()) AND {what}"
+    )) == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nobody waits for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Under a database whose default isolation is REPEATABLE READ (`Store::postgres_at`), the gate
+/// stays linearizable: (1) a permit whose transaction is in flight when the freeze starts is in
+/// the freeze's drain set; (2) a permit asked for while the freeze is in flight is refused once
+/// it commits. Each race is held open by a table lock and the waits are read from `pg_locks`.
+#[test]
+fn postgres_the_gate_holds_whatever_the_servers_default_isolation() {
+    let st = Store::postgres();
+    let j = st.open();
+    let Store::Postgres { url, .. } = &st else {
+        unreachable!()
+    };
+    let ttl = Duration::from_secs(600);
+
+    // (1) The permit holds its scope's lock and waits on its INSERT; the freeze waits for the
+    // scope's lock; then the permit commits, and the freeze must count it.
+    let lease = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], ttl)
+        .unwrap();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    let mut blocker = connect(url).unwrap();
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE permits IN SHARE MODE")
+        .unwrap();
+    let permit = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            Journal::open_url(&url, std::path::Path::new("."))
+                .unwrap()
+                .take_permit(NOW, lease.id, Sink::State)
+        })
+    };
+    wait_for_lock(&st, "relation = 'permits'::regclass");
+    let freeze = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            Journal::open_url(&url, std::path::Path::new("."))
+                .unwrap()
+                .freeze(AT, "del-a", None)
+        })
+    };
+    wait_for_lock(&st, "locktype = 'advisory'");
+    blocker.batch_execute("COMMIT").unwrap();
+    let permit = permit.join().unwrap().expect("taken before the freeze");
+    let f = freeze.join().unwrap().unwrap();
+    assert_eq!(f.permits_to_drain, 1, "the permit in flight is drained");
+    assert_eq!(j.undrained(&a).unwrap(), 1);
+    j.release_permit(permit.id).unwrap();
+    assert_eq!(j.undrained(&a).unwrap(), 0);
+
+    // (2) The freeze holds the scope's lock and waits on its fence INSERT; the permit waits
+    // for the scope's lock; the freeze commits, and the permit must be refused.
+    let lease = j.take_lease(NOW, &t("acme"), &s("bob"), &[], ttl).unwrap();
+    job(&j, "del-b", subject_scope("acme", "bob"));
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE fences IN SHARE MODE")
+        .unwrap();
+    let freeze = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            Journal::open_url(&url, std::path::Path::new("."))
+                .unwrap()
+                .freeze(AT, "del-b", None)
+        })
+    };
+    wait_for_lock(&st, "relation = 'fences'::regclass");
+    let permit = {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            Journal::open_url(&url, std::path::Path::new("."))
+                .unwrap()
+                .take_permit(NOW, lease.id, Sink::State)
+        })
+    };
+    wait_for_lock(&st, "locktype = 'advisory'");
+    blocker.batch_execute("COMMIT").unwrap();
+    freeze.join().unwrap().unwrap();
+    assert!(
+        matches!(
+            permit.join().unwrap(),
+            Err(JournalError::Gate(GateError::Revoked | GateError::Fenced))
+        ),
+        "no permit after the freeze"
+    );
+    assert_eq!(
+        st.count(
+            "SELECT count(*) FROM permits p JOIN leases l USING (lease_id) WHERE l.subject = 'bob'"
+        ),
+        0
+    );
 }
 
 #[test]
