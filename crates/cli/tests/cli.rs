@@ -615,6 +615,49 @@ fn targets_are_erased_at_once_so_a_stalled_target_holds_back_no_other() {
     completed_as_inventoried(&env, c, &out, &inv, &others);
 }
 
+/// A hold added while a job lies interrupted (killed after its inventory, or mid-erase) stops
+/// it: `resume` and `erase` are refused (exit 4) and `work` leaves it, touching nothing more;
+/// once the hold is released the job finishes as inventoried.
+#[test]
+fn a_hold_added_after_a_crash_stops_the_interrupted_job_until_released() {
+    for point in ["after-inventory", "after-batch-journal:checkpoints:2"] {
+        let env = Env::new(1);
+        let others = env.others_rows();
+        let inv = env.inventory("acme", "alice");
+        let job = kill_at(&env, point);
+        let hold = [
+            "hold",
+            "add",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--reason",
+            "matter 7",
+        ];
+        assert_eq!(code(&env.run(&hold)), 0);
+        let before = env.memory_bytes();
+        assert_eq!(
+            code(&env.run(&["resume", &job])),
+            4,
+            "{point}: resume refused"
+        );
+        assert_eq!(code(&env.run(&ERASE_ALICE)), 4, "{point}: erase refused");
+        assert_eq!(code(&env.run(&["work"])), 0, "{point}: work leaves it");
+        assert_eq!(
+            env.memory_bytes(),
+            before,
+            "{point}: nothing more was erased"
+        );
+        let (_, jobs) = env.json(&["jobs", "--json"]);
+        assert_ne!(jobs[0]["state"], "COMPLETE", "{point}");
+        let release = ["hold", "release", "--tenant", "acme", "--subject", "alice"];
+        assert_eq!(code(&env.run(&release)), 0);
+        let (c, out) = env.json(&["resume", &job, "--json"]);
+        completed_as_inventoried(&env, c, &out, &inv, &others);
+    }
+}
+
 #[test]
 fn a_run_killed_at_any_point_resumes_to_the_same_certificate_counts() {
     for (i, point) in [

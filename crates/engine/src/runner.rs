@@ -225,7 +225,7 @@ impl Engine {
 
     /// Runs, one after another, every job another process left unfinished (REQUESTED, FROZEN,
     /// DELETING or VERIFYING: it died, or was killed). A job whose runner is alive (its claim is
-    /// held) and a job a legal hold keeps REQUESTED are skipped.
+    /// held) and a job a legal hold covers are skipped.
     pub fn work(
         &self,
         opts: &RunOptions,
@@ -288,6 +288,12 @@ impl Engine {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
         self.refuse_if_targets_missing(job_id)?;
+        // A hold added while the job was interrupted (killed mid-erase, say) stops it too:
+        // preservation wins over erasure in every state but COMPLETE, not only before the freeze.
+        let job = self.journal.job(job_id)?;
+        if job.state != JobState::Complete {
+            self.refuse_if_job_held(&job)?;
+        }
         loop {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));
@@ -350,11 +356,11 @@ impl Engine {
         )))
     }
 
-    /// A REQUESTED job that a legal hold still covers: `work` leaves it (no new refusal
+    /// An unfinished job that a legal hold covers now: `work` leaves it (no new refusal
     /// journaled each time it runs); a resume after the release runs it.
     fn waits_on_a_hold(&self, job_id: &str) -> Result<bool, EngineError> {
         let job = self.journal.job(job_id)?;
-        Ok(job.state == JobState::Requested
+        Ok(job.state != JobState::Complete
             && !self
                 .journal
                 .holds_covering(job.scope.tenant(), job.scope.subject())?
