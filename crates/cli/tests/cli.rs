@@ -658,6 +658,31 @@ fn a_hold_added_after_a_crash_stops_the_interrupted_job_until_released() {
     }
 }
 
+/// The certificate file is written after the journal's COMPLETE, never before: a run killed
+/// between the two leaves no file, and running the job again writes it from the journal, signed
+/// and verifiable. A run killed just before completing leaves no signed file either.
+#[test]
+fn a_signed_certificate_file_exists_only_for_a_complete_job() {
+    let env = Env::new(500);
+    let certs = env.path().join("certificates");
+    let files = || std::fs::read_dir(&certs).map_or(0, |d| d.count());
+    let job = kill_at(&env, "before-complete");
+    assert_eq!(files(), 0, "no file for a VERIFYING job");
+    let job2 = kill_at(&env, "before-certificate-file");
+    assert_eq!(job, job2, "the same job, continued");
+    let (_, shown) = env.json(&["job", "show", &job, "--json"]);
+    assert_eq!(shown["state"], "COMPLETE", "{shown}");
+    assert_eq!(files(), 0, "killed before the file was written");
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!((c, &out["state"]), (0, &Value::from("COMPLETE")), "{out}");
+    let file = certs.join(format!("{job}.json"));
+    let out = env.run(&["certificate", "verify", file.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let written: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let (_, journaled) = env.json(&["certificate", "show", &job]);
+    assert_eq!(written, journaled, "the journal's certificate");
+}
+
 #[test]
 fn a_run_killed_at_any_point_resumes_to_the_same_certificate_counts() {
     for (i, point) in [

@@ -298,7 +298,10 @@ impl Engine {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));
             let step = match job.state {
-                JobState::Complete => return self.outcome(job_id),
+                JobState::Complete => {
+                    self.certificate_file(&job)?;
+                    return self.outcome(job_id);
+                }
                 JobState::Requested => self.step_requested(&job)?,
                 JobState::Frozen => self.step_frozen(&job, opts, progress)?,
                 JobState::Deleting => self.step_deleting(&job, opts, progress)?,
@@ -710,23 +713,45 @@ impl Engine {
             signed_by: String::new(),
         };
         let signed = cert.sign(&self.key);
-        // The file first: if the process dies before the journal commits, the job is still
-        // VERIFYING and a resume rewrites the file with the final certificate.
-        std::fs::create_dir_all(&self.certificates)?;
-        let path = self.certificates.join(format!("{}.json", job.job_id));
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_string_pretty(&signed).unwrap_or_default() + "\n",
-        )?;
-        std::fs::rename(&tmp, &path)?;
+        // The journal first, then the file: a signed file exists only for a COMPLETE job. If
+        // the process dies in between, running the COMPLETE job again writes the file from the
+        // journal (`certificate_file`).
         self.journal
             .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
+        self.pause_point(opts, "before-certificate-file");
+        self.write_certificate(&job.job_id, &signed)?;
         if let Some(g) = &self.gate {
             g.job_completed(&job.job_id);
         }
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), "Job complete; certificate issued.");
         Ok(Step::Next)
+    }
+
+    /// Writes a COMPLETE job's certificate file from the journal if it is missing (the process
+    /// died between the journal's commit and the file).
+    fn certificate_file(&self, job: &JobRecord) -> Result<(), EngineError> {
+        let path = self.certificates.join(format!("{}.json", job.job_id));
+        match &job.certificate {
+            Some(signed) if !path.exists() => self.write_certificate(&job.job_id, signed),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes `certificates/JOB.json` whole (a temporary file renamed over it).
+    fn write_certificate(
+        &self,
+        job_id: &str,
+        signed: &impl serde::Serialize,
+    ) -> Result<(), EngineError> {
+        std::fs::create_dir_all(&self.certificates)?;
+        let path = self.certificates.join(format!("{job_id}.json"));
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(signed).unwrap_or_default() + "\n",
+        )?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
     }
 
     /// One target's verification, journaled (`TargetVerified`); returns its inventoried count
