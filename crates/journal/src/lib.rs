@@ -259,11 +259,8 @@ impl Journal {
                 tx.commit().map_err(|e| self.db(e.to_string()))?;
                 Ok(out)
             }
-            Backend::Postgres {
-                client, prepared, ..
-            } => {
-                let mut client = lock(client);
-                let mut prepared = lock(prepared);
+            Backend::Postgres { .. } => {
+                let (mut client, mut prepared) = self.pg_conn()?;
                 // The transaction and its write lock in one round trip (the simple protocol
                 // takes both statements in one message; the key is a constant). A journal
                 // entry is a handful of round trips, so this one is felt (bench/README.md).
@@ -285,13 +282,40 @@ impl Journal {
     pub(crate) fn read<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
         match &self.backend {
             Backend::Sqlite { conn, .. } => f(&mut SqliteTx(&lock(conn))),
-            Backend::Postgres {
-                client, prepared, ..
-            } => f(&mut PgTx {
-                client: &mut *lock(client),
-                prepared: &mut lock(prepared),
-            }),
+            Backend::Postgres { .. } => {
+                let (mut client, mut prepared) = self.pg_conn()?;
+                f(&mut PgTx {
+                    client: &mut *client,
+                    prepared: &mut prepared,
+                })
+            }
         }
+    }
+
+    /// The PostgreSQL connection and its prepared statements, locked in that order. A
+    /// connection the server closed (restarted, the backend terminated, an idle timeout) is
+    /// replaced here by a new one: the call that met the closed connection failed (a job goes
+    /// BLOCKED or exits 1, `lethe serve` answered 503), the next one works again.
+    fn pg_conn(&self) -> Result<(MutexGuard<'_, postgres::Client>, MutexGuard<'_, Prepared>)> {
+        let Backend::Postgres {
+            client,
+            prepared,
+            settings,
+            ..
+        } = &self.backend
+        else {
+            unreachable!("pg_conn on SQLite");
+        };
+        let mut client = lock(client);
+        let mut prepared = lock(prepared);
+        if client.is_closed() {
+            *client = settings
+                .connect()
+                .map_err(|e| self.db(db::pg_err(e)))?;
+            *prepared = Prepared::default();
+            tracing::info!("Reconnected to the control store.");
+        }
+        Ok((client, prepared))
     }
 
     /// On PostgreSQL, runs one statement (its own transaction) prepared once per connection;
@@ -301,14 +325,11 @@ impl Journal {
         sql: &'static str,
         params: &[&(dyn postgres::types::ToSql + Sync)],
     ) -> Result<Option<Vec<postgres::Row>>> {
-        let Backend::Postgres {
-            client, prepared, ..
-        } = &self.backend
-        else {
+        if !self.is_shared() {
             return Ok(None);
-        };
-        let mut client = lock(client);
-        let stmt = lock(prepared)
+        }
+        let (mut client, mut prepared) = self.pg_conn()?;
+        let stmt = prepared
             .get(&mut *client, sql)
             .map_err(|e| self.db(db::pg_err(e)))?;
         client

@@ -856,6 +856,25 @@ fn postgres_the_gate_holds_whatever_the_servers_default_isolation() {
     );
 }
 
+/// A journal whose connection the server closed (backend terminated, server restarted, an
+/// idle timeout) opens a new one: the call that met the closed connection may fail, the next
+/// reads and writes work (`lethe serve`'s job routes stayed 503 for good before).
+#[test]
+fn postgres_a_journal_whose_connection_was_closed_reconnects() {
+    let st = Store::postgres();
+    let j = st.open();
+    job(&j, "del-a", subject_scope("acme", "alice"));
+    let killed = st.count(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'lethe-journal') k",
+    );
+    assert_eq!(killed, 1, "the journal's one connection");
+    let _ = j.jobs(); // may meet the closed connection
+    assert_eq!(j.jobs().expect("reconnected").len(), 1);
+    job(&j, "del-b", subject_scope("acme", "bob"));
+    assert_eq!(j.jobs().unwrap().len(), 2);
+}
+
 #[test]
 fn postgres_claims_are_exclusive_and_die_with_their_holder() {
     claims_are_exclusive_and_die_with_their_holder(Store::postgres());
