@@ -51,6 +51,10 @@ pub enum EngineError {
     /// Another Lethe process is running this job (exit 3).
     #[error("job {0} is being run by another Lethe process; `lethe job show {0}` follows it")]
     Claimed(String),
+    /// This process lost its claim on the job mid-run (its control-store connection was
+    /// closed): it stops, so two processes never run one job; `lethe work` or `resume` goes on.
+    #[error("job {0}: this process lost its claim on the job (the control store closed its connection) and stopped; run `lethe resume {0}` or `lethe work`")]
+    ClaimLost(String),
     /// Writing the certificate file failed.
     #[error("writing the certificate: {0}")]
     Io(#[from] std::io::Error),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use lethe_adapters::{AdapterError, Applicability, Fence, Guard, Locator, Target};
 use lethe_core::certificate::{self, Certificate, TargetRecord, TargetStatus};
 use lethe_core::{BlockedReason, JobState, Scope, Version};
-use lethe_journal::jobs::JobRecord;
+use lethe_journal::jobs::{Claim, JobRecord};
 use lethe_journal::Entry;
 
 use crate::{at_once, input, rfc3339, short, Engine, EngineError, Outcome, RunOptions};
@@ -216,11 +216,11 @@ impl Engine {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
         // One runner per job: on PostgreSQL a row lock that dies with this process's connection.
-        let _claim = self
+        let mut claim = self
             .journal
             .claim(job_id)?
             .ok_or_else(|| EngineError::Claimed(job_id.to_string()))?;
-        self.run_claimed(job_id, opts, progress)
+        self.run_claimed(&mut claim, opts, progress)
     }
 
     /// Runs, one after another, every job another process left unfinished (REQUESTED, FROZEN,
@@ -234,13 +234,13 @@ impl Engine {
         let mut out = Vec::new();
         if self.journal.is_shared() {
             let mut held = Vec::new();
-            while let Some(claim) = self.journal.claim_next(&held)? {
+            while let Some(mut claim) = self.journal.claim_next(&held)? {
                 if self.waits_on_a_hold(&claim.job_id)? {
                     held.push(claim.job_id.clone());
                     continue;
                 }
                 tracing::info!(job = %claim.job_id, "Picked up an abandoned job.");
-                match self.run_claimed(&claim.job_id, opts, progress) {
+                match self.run_claimed(&mut claim, opts, progress) {
                     Ok(o) => out.push(o),
                     // Held: it stays REQUESTED until the hold is released; not this run's to do.
                     Err(EngineError::Held { .. }) => held.push(claim.job_id.clone()),
@@ -283,10 +283,12 @@ impl Engine {
 
     fn run_claimed(
         &self,
-        job_id: &str,
+        claim: &mut Claim,
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
+        let job_id = claim.job_id.clone();
+        let job_id = job_id.as_str();
         self.refuse_if_targets_missing(job_id)?;
         // A hold added while the job was interrupted (killed mid-erase, say) stops it too:
         // preservation wins over erasure in every state but COMPLETE, not only before the freeze.
@@ -297,6 +299,12 @@ impl Engine {
         loop {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));
+            // Each step starts under a claim that still holds; the steps are idempotent, and a
+            // second runner's transitions would be refused, but its adapters' work would not.
+            if job.state != JobState::Complete && !claim.holds() {
+                tracing::warn!(job = %job_id, "Lost the claim on the job; stopping.");
+                return Err(EngineError::ClaimLost(job_id.to_string()));
+            }
             let step = match job.state {
                 JobState::Complete => {
                     self.certificate_file(&job)?;

@@ -166,10 +166,14 @@ pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
     format!("hmac:{}", hex::encode(h.finalize().into_bytes()))
 }
 
+/// A claim's transaction stays open, idle, while its job runs: a database or role's
+/// `idle_in_transaction_session_timeout` would end it (and the claim) under a live runner.
+const CLAIM_BEGIN: &str = "SET idle_in_transaction_session_timeout = 0; BEGIN";
+
 /// The right to run a job, held until dropped. On PostgreSQL it is a row lock on the job's
 /// claim row, taken `FOR UPDATE SKIP LOCKED` in a transaction on its own connection: if the
-/// process dies, the connection drops and the claim with it. On SQLite (one process) it is a
-/// marker.
+/// process dies, the connection drops and the claim with it. On SQLite it is an exclusive lock
+/// on a file beside the journal.
 pub struct Claim {
     /// The open transaction on PostgreSQL, rolled back on drop.
     pg: Option<postgres::Client>,
@@ -185,6 +189,19 @@ impl std::fmt::Debug for Claim {
         f.debug_struct("Claim")
             .field("job_id", &self.job_id)
             .finish()
+    }
+}
+
+impl Claim {
+    /// Whether the claim still holds: on PostgreSQL, its connection and transaction still
+    /// answer (a backend the server terminated or restarted took the row lock with it, and
+    /// another process may have claimed the job since). A file lock holds while the process
+    /// lives.
+    pub fn holds(&mut self) -> bool {
+        match self.pg.as_mut() {
+            Some(c) => c.simple_query("SELECT 1").is_ok(),
+            None => true,
+        }
     }
 }
 
@@ -263,7 +280,7 @@ impl Journal {
             &[&job_id],
         )
         .map_err(|e| self.db(crate::db::pg_err(e)))?;
-        c.batch_execute("BEGIN")
+        c.batch_execute(CLAIM_BEGIN)
             .map_err(|e| self.db(crate::db::pg_err(e)))?;
         let got = c
             .query(
@@ -322,7 +339,7 @@ impl Journal {
         let Some(mut c) = self.pg_connect()? else {
             return Ok(None);
         };
-        c.batch_execute("BEGIN")
+        c.batch_execute(CLAIM_BEGIN)
             .map_err(|e| self.db(crate::db::pg_err(e)))?;
         let got = c
             .query(

@@ -309,9 +309,7 @@ impl Journal {
         let mut client = lock(client);
         let mut prepared = lock(prepared);
         if client.is_closed() {
-            *client = settings
-                .connect()
-                .map_err(|e| self.db(db::pg_err(e)))?;
+            *client = settings.connect().map_err(|e| self.db(db::pg_err(e)))?;
             *prepared = Prepared::default();
             tracing::info!("Reconnected to the control store.");
         }

@@ -761,7 +761,7 @@ fn wait_for_lock(st: &Store, what: &str) {
             std::time::Instant::now() < deadline,
             "nobody waits for {what}"
         );
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::yield_now(); // each count is a connection of its own: it paces the loop
     }
 }
 
@@ -950,6 +950,43 @@ fn claims_are_exclusive_and_die_with_their_holder(st: Store) {
         .unwrap()
         .expect("the abandoned job is picked up");
     assert_eq!(next.job_id, a);
+}
+
+/// A claim outlives a database's `idle_in_transaction_session_timeout` (its transaction sits
+/// idle while the job runs), and a claim whose connection the server terminated says it no
+/// longer holds, so its runner stops before another process's claim can overlap it.
+#[test]
+fn postgres_a_claim_outlives_an_idle_timeout_and_knows_when_it_is_lost() {
+    let st = Store::postgres();
+    let Store::Postgres { admin, name, .. } = &st else {
+        unreachable!()
+    };
+    connect(admin)
+        .unwrap()
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET idle_in_transaction_session_timeout = '300ms'"
+        ))
+        .unwrap();
+    let j = st.open();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    let mut claim = j.claim(&a).unwrap().expect("claimed");
+    // Real time must pass: the server's idle timeout (three of them here) is what is tested.
+    #[allow(clippy::disallowed_methods)]
+    std::thread::sleep(Duration::from_millis(900));
+    assert!(claim.holds(), "the idle timeout did not end the claim");
+    let other = st.open();
+    assert!(other.claim(&a).unwrap().is_none(), "still exclusive");
+    let killed = st.count(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(l.pid) FROM pg_locks l \
+         JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'job_claims' \
+         AND l.mode = 'RowShareLock') k",
+    );
+    assert_eq!(killed, 1, "the claim's backend");
+    assert!(!claim.holds(), "a terminated claim no longer holds");
+    assert!(
+        other.claim(&a).unwrap().is_some(),
+        "and another process may claim the job"
+    );
 }
 
 /// A claim's connection opened ahead (`prepare_claim`) that the server has closed since, as
