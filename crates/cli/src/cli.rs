@@ -119,7 +119,7 @@ pub(crate) fn progress_printer(to: ProgressTo) -> impl FnMut(Progress) {
         match to {
             ProgressTo::Nowhere => {}
             ProgressTo::Stderr => eprintln!("{line}"),
-            ProgressTo::Stdout => println!("{line}"),
+            ProgressTo::Stdout => outln!("{line}"),
         }
     }
 }
@@ -171,16 +171,16 @@ pub(crate) fn print_outcome(o: &Outcome, json: bool) {
         return;
     }
     if o.continued {
-        println!(
+        outln!(
             "A job for this scope was already open: continued {} (its basis, ticket and deadline stand).",
             o.job_id
         );
     }
     match o.state {
         JobState::Complete => {
-            println!("Job {} COMPLETE.", o.job_id);
+            outln!("Job {} COMPLETE.", o.job_id);
             if let Some(p) = &o.certificate_path {
-                println!("Certificate: {}", p.display());
+                outln!("Certificate: {}", p.display());
             }
         }
         s => {
@@ -190,9 +190,10 @@ pub(crate) fn print_outcome(o: &Outcome, json: bool) {
                 .as_deref()
                 .map(|t| format!(" (target {t})"))
                 .unwrap_or_default();
-            println!(
+            outln!(
                 "Job {} {s}: {reason}{target}. Fix the cause, then `lethe resume {}`.",
-                o.job_id, o.job_id
+                o.job_id,
+                o.job_id
             );
         }
     }
@@ -254,7 +255,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     counts.iter().map(|(n, c)| (n.clone(), json!(c))).collect();
                 print_json(&json!({"scope_hash": engine.scope_hash(&scope), "targets": targets}));
             } else {
-                println!("Scope {} ({})", engine.scope_hash(&scope), scope.kind());
+                outln!("Scope {} ({})", engine.scope_hash(&scope), scope.kind());
                 let mut t = Table::new(&["TARGET", "ROWS"]);
                 for (n, c) in &counts {
                     t.row(vec![
@@ -349,7 +350,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                         "blocked_target": o.blocked_target, "certificate": o.certificate}))
                     .collect::<Vec<_>>()));
             } else if outs.is_empty() {
-                println!("No unfinished job to pick up.");
+                outln!("No unfinished job to pick up.");
             } else {
                 for o in &outs {
                     print_outcome(o, false);
@@ -383,7 +384,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     ]);
                 }
                 t.print();
-                println!(
+                outln!(
                     "{}",
                     if clean {
                         "Clean: nothing left for this scope."
@@ -471,19 +472,22 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     "blocked_target": job.blocked_target, "targets": targets, "certificate_path": out.certificate_path,
                 }));
             } else {
-                println!(
+                outln!(
                     "Job {}  {}  {} {}",
                     job.job_id,
                     job.state,
                     job.scope.kind(),
                     job.scope_hash
                 );
-                println!(
+                outln!(
                     "basis {}  policy {}  requested {}  deadline {}",
-                    job.basis, job.policy_version, job.requested_at, job.deadline
+                    job.basis,
+                    job.policy_version,
+                    job.requested_at,
+                    job.deadline
                 );
                 if let Some(r) = job.blocked_reason {
-                    println!(
+                    outln!(
                         "blocked: {r}{}",
                         job.blocked_target
                             .map(|t| format!(" (target {t})"))
@@ -506,7 +510,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 }
                 t.print();
                 if let Some(p) = out.certificate_path {
-                    println!("certificate: {}", p.display());
+                    outln!("certificate: {}", p.display());
                 }
             }
             Ok(0)
@@ -526,7 +530,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             };
             match format {
                 CertFormat::Json => print_json(&cert),
-                CertFormat::Md => print!("{}", output::certificate_markdown(&cert)),
+                CertFormat::Md => out!("{}", output::certificate_markdown(&cert)),
             }
             Ok(0)
         }
@@ -569,18 +573,21 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 let cfg = Config::load(&config).map_err(bad)?;
                 let dk = lethe_engine::keyfile::load(&cfg.key_file).map_err(bad)?;
                 if !cert.is_for(&scope.hash(&dk.scope_key())) {
-                    println!("Signature valid, but the certificate is NOT for that scope.");
+                    outln!("Signature valid, but the certificate is NOT for that scope.");
                     return Ok(1);
                 }
-                println!(
+                outln!(
                     "Signature valid; job {} is for that {} scope.",
                     cert.job_id,
                     scope.kind()
                 );
             } else {
-                println!(
+                outln!(
                     "Signature valid: job {}, {} scope {}, completed {}.",
-                    cert.job_id, cert.scope, cert.scope_hash, cert.completed_at
+                    cert.job_id,
+                    cert.scope,
+                    cert.scope_hash,
+                    cert.completed_at
                 );
             }
             Ok(0)
@@ -595,7 +602,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 } => {
                     let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
                     let id = engine.add_hold(scope.tenant(), scope.subject(), reason.as_deref())?;
-                    println!(
+                    outln!(
                         "Hold {id} placed on {} scope {}.",
                         scope.kind(),
                         engine.scope_hash(&scope)
@@ -609,7 +616,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                             "no active hold on exactly that scope; `lethe hold list` shows them",
                         ));
                     }
-                    println!("Released {}.", ids.join(", "));
+                    outln!("Released {}.", ids.join(", "));
                 }
                 HoldCommand::List { json } => {
                     let holds = engine.journal().holds().map_err(EngineError::from)?;
@@ -643,14 +650,15 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     &json!({"intact": r.is_intact(), "entries": r.entries, "jobs": r.jobs, "problems": r.problems}),
                 );
             } else if r.is_intact() {
-                println!(
+                outln!(
                     "Journal intact: {} entries, {} jobs replayed.",
-                    r.entries, r.jobs
+                    r.entries,
+                    r.jobs
                 );
             } else {
-                println!("Journal BROKEN ({} entries read):", r.entries);
+                outln!("Journal BROKEN ({} entries read):", r.entries);
                 for p in &r.problems {
-                    println!("  - {p}");
+                    outln!("  - {p}");
                 }
             }
             Ok(if r.is_intact() { 0 } else { 1 })

@@ -63,11 +63,11 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
     }
     let config = dir.join("lethe.toml");
     std::fs::write(&config, CONFIG).map_err(io)?;
-    println!(
+    outln!(
         "Sample agent memory (written by real LangGraph) in {}",
         mem.display()
     );
-    println!("Config: {}\n", config.display());
+    outln!("Config: {}\n", config.display());
 
     let engine = open_engine(&config)?;
     let scopes: Vec<Scope> = SUBJECTS
@@ -90,14 +90,14 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
             .collect()
     };
     let before = count_all()?;
-    println!("Inventory of acme/alice (a dry run; erasing is next):");
+    outln!("Inventory of acme/alice (a dry run; erasing is next):");
     let mut t = Table::new(&["TARGET", "ROWS"]);
     for (target, n) in engine.targets().iter().zip(&before[0]) {
         t.row(vec![target.name.clone(), n.to_string()]);
     }
     t.print();
 
-    println!("\nErasing acme/alice (gdpr-art17, ticket DEMO-1):");
+    outln!("\nErasing acme/alice (gdpr-art17, ticket DEMO-1):");
     let req = Request {
         scope: scopes[0].clone(),
         basis: Basis::GdprArt17,
@@ -113,7 +113,7 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
     let outcome = engine.erase(req, &opts, &mut progress_printer(ProgressTo::Stdout))?;
     let after = count_all()?;
 
-    println!("\nRows per subject and target, before -> after:");
+    outln!("\nRows per subject and target, before -> after:");
     let mut head = vec!["SUBJECT".to_string()];
     head.extend(engine.targets().iter().map(|t| t.name.clone()));
     let head_refs: Vec<&str> = head.iter().map(String::as_str).collect();
@@ -129,9 +129,9 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
         t.row(row);
     }
     t.print();
-    println!();
+    outln!();
     print_outcome(&outcome, false);
-    println!("\nNext: `lethe --config {} certificate show {} --format md`, `lethe --config {} journal verify`.", config.display(), outcome.job_id, config.display());
+    outln!("\nNext: `lethe --config {} certificate show {} --format md`, `lethe --config {} journal verify`.", config.display(), outcome.job_id, config.display());
     Ok(if outcome.state == lethe_core::JobState::Complete {
         0
     } else {

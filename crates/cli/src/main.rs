@@ -2,11 +2,12 @@
 //!
 //! This file only parses arguments, sets up logging and hands over to [`cli::run`].
 
+#[macro_use]
+mod output; // first: its `outln!` and `out!` are used by the others
 mod args;
 mod cli;
 mod demo;
 mod guard;
-mod output;
 mod serve;
 
 use std::io::IsTerminal;
@@ -33,20 +34,19 @@ fn main() {
     std::process::exit(cli::run(args));
 }
 
-/// clap's own message, except that a stray value (an identifier typed without its flag) is not
-/// repeated: Lethe's errors never carry an identifier, and stderr often ends up in a log.
+/// clap's own message, except that an unexpected argument is not repeated unless clap knows the
+/// flag it was meant to be (a typo): a stray value, or an identifier that starts with `-`
+/// (`--subject -x` reads `-x` as a flag), may be an identifier, Lethe's errors never carry one,
+/// and stderr often ends up in a log.
 fn refuse_args(e: clap::Error) -> ! {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if e.kind() == ErrorKind::UnknownArgument {
-        if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
-            if !arg.starts_with('-') {
-                eprintln!(
-                    "error: unexpected argument (not repeated here: a value without its flag may \
-                     be an identifier); every value needs its flag, see `lethe --help`"
-                );
-                std::process::exit(2);
-            }
-        }
+    use clap::error::{ContextKind, ErrorKind};
+    if e.kind() == ErrorKind::UnknownArgument && e.get(ContextKind::SuggestedArg).is_none() {
+        eprintln!(
+            "error: unexpected argument (not repeated here: it may be an identifier); every value \
+             needs its flag, and a value that starts with '-' is written with '=', as \
+             --subject=-x; see `lethe --help`"
+        );
+        std::process::exit(2);
     }
     e.exit()
 }

@@ -2,9 +2,31 @@
 
 use serde_json::Value;
 
+/// `println!` for results on stdout, except that a reader that went away (`lethe jobs --json |
+/// head -1`) ends the process quietly, with the shell's status for SIGPIPE (141), instead of a
+/// panic and its backtrace.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
+            std::process::exit(141);
+        }
+    }};
+}
+
+/// `print!`, as [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if write!(std::io::stdout().lock(), $($arg)*).is_err() {
+            std::process::exit(141);
+        }
+    }};
+}
+
 /// Prints pretty JSON on stdout.
 pub fn print_json(v: &Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 /// `hmac:0123456789ab…` for tables.
@@ -49,7 +71,7 @@ impl Table {
                 .enumerate()
                 .map(|(i, c)| format!("{c:<width$}", width = w[i]))
                 .collect();
-            println!("{}", cells.join("  ").trim_end());
+            outln!("{}", cells.join("  ").trim_end());
         };
         line(&self.head);
         for r in &self.rows {

@@ -79,7 +79,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             .await
             .map_err(|e| bad(format!("cannot listen on {listen}: {e}")))?;
         let addr = listener.local_addr().map_err(|e| Exit(1, e.into()))?;
-        println!("Listening on http://{addr}");
+        outln!("Listening on http://{addr}");
         let _ = std::io::stdout().flush();
         let server = lethe_server::Server {
             engine,

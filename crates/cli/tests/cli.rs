@@ -356,6 +356,18 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
         "{}",
         stderr(&out)
     );
+    // Nor an identifier that starts with '-', which clap reads as a flag (whole or its first
+    // letter); a mistyped flag is still named, with the flag it was meant to be.
+    for subject in ["--ZQXSUBJ", "-ZQXSUBJ"] {
+        let out = env.run(&["inventory", "--tenant", "acme", "--subject", subject]);
+        assert_eq!(code(&out), 2);
+        assert!(!stderr(&out).contains("ZQX"), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("'-Z'"), "{}", stderr(&out));
+        assert!(stderr(&out).contains("--subject=-x"), "{}", stderr(&out));
+    }
+    let out = env.run(&["inventory", "--tenant", "acme", "--subjct", "alice"]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("'--subject'"), "{}", stderr(&out));
     assert_eq!(env.memory_bytes(), before, "no memory file changed");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
@@ -391,6 +403,24 @@ fn a_target_of_the_wrong_schema_exits_2_and_creates_no_job() {
     assert_eq!(env.memory_bytes(), before, "no memory file changed");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+}
+
+/// A reader that went away (`lethe jobs --json | head -1`) ends the process quietly with the
+/// shell's SIGPIPE status, not a panic and a backtrace on stderr.
+#[test]
+fn a_closed_stdout_ends_the_process_quietly() {
+    let env = Env::new(500);
+    let (_, out) = env.json(&ERASE_ALICE);
+    assert_eq!(out["state"], "COMPLETE");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader); // closed before the first write
+    let out = env
+        .cmd(&["journal", "verify", "--json"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(141), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
 }
 
 #[test]
