@@ -204,7 +204,9 @@ impl Engine {
             }
         }
         Err(input(
-            "no target holds this memory: give --version to tombstone a version that is gone",
+            "no target reports a current version of this memory (it is gone from the versioned \
+             stores, or only unversioned stores such as Redis hold it): give --version, the \
+             version the runtimes' leases record for it (a Redis key is erased whatever it is)",
         ))
     }
 
