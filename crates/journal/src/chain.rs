@@ -134,6 +134,9 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     let mut expected_seq = 1i64;
     let mut prev = GENESIS.to_string();
     let mut states: HashMap<String, JobState> = HashMap::new();
+    // Each job's scope and its hash as requested: what the job table says it acts on must be
+    // what the chain says was asked for.
+    let mut requested: HashMap<String, (lethe_core::Scope, String)> = HashMap::new();
     let entries = rows.len() as u64;
     for r in rows {
         let seq = r[0].i().unwrap_or(-1);
@@ -161,8 +164,15 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         }
         match serde_json::from_str::<Entry>(&body) {
             Ok(entry) => {
-                if let (Some(job), true) = (&job, matches!(entry, Entry::JobRequested { .. })) {
+                if let (
+                    Some(job),
+                    Entry::JobRequested {
+                        scope, scope_hash, ..
+                    },
+                ) = (&job, &entry)
+                {
                     states.insert(job.clone(), JobState::Requested);
+                    requested.insert(job.clone(), (scope.clone(), scope_hash.clone()));
                 } else if let (Some(job), Some(ev)) = (&job, entry.event()) {
                     match states.get(job).copied().map(|s| transition(s, ev)) {
                         Some(Ok(next)) => {
@@ -201,10 +211,21 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         _ => {}
     }
     let jobs = tx
-        .rows("SELECT job_id, state FROM jobs ORDER BY job_id", &[])
+        .rows(
+            "SELECT job_id, state, scope, scope_hash FROM jobs ORDER BY job_id",
+            &[],
+        )
         .map_err(db)?;
     for r in &jobs {
         let (job, state) = (r[0].text(), r[1].text());
+        if let Some((scope, hash)) = requested.get(&job) {
+            let table: Option<lethe_core::Scope> = serde_json::from_str(&r[2].text()).ok();
+            if table.as_ref() != Some(scope) || &r[3].text() != hash {
+                problems.push(format!(
+                    "job {job}'s scope in the job table is not the scope its request journaled"
+                ));
+            }
+        }
         match states.get(&job) {
             Some(s) if s.as_str() == state => {}
             Some(s) => problems.push(format!(

@@ -367,6 +367,16 @@ fn detects_a_job_table_that_disagrees_with_the_chain(st: Store) {
             .any(|p| p.contains("COMPLETE in the job table but BLOCKED in the journal")),
         "{p:?}"
     );
+    // The scope a resume acts on, pointed at another subject behind the chain's back.
+    let p = tamper(
+        &st,
+        "UPDATE jobs SET scope = replace(scope, 'alice', 'mallory') WHERE job_id = 'del-a'",
+    );
+    assert!(
+        p.iter().any(|p| p
+            .contains("job del-a's scope in the job table is not the scope its request journaled")),
+        "{p:?}"
+    );
 }
 
 fn an_open_job_for_the_same_scope_is_reused_not_duplicated(st: Store) {
