@@ -860,6 +860,80 @@ fn a_fence_waits_for_transactions_that_wrote_before_it(version: u32) {
     );
 }
 
+/// Closing a fence waits for earlier writers one table at a time, holding at most one lock: a
+/// writer in the middle of LangGraph's `put` (its blobs written, its checkpoint next) for
+/// another subject is not deadlocked by the wait (locking the three tables in one transaction
+/// held `checkpoints` while waiting for `checkpoint_blobs`: 40P01 for one of the two).
+fn a_fence_does_not_deadlock_a_put_in_flight(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    guard(&cp).install().unwrap();
+    let mut app = db.client();
+    let mut tx = app.transaction().unwrap();
+    tx.execute(PUT_BLOB, &[&"put-1", &"1"]).unwrap();
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    std::thread::scope(|sc| {
+        let closing = sc.spawn(|| guard(&cp).close(&f));
+        let mut watch = db.client();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // The wait has reached the blobs, which the writer holds.
+        loop {
+            let waiting: i64 = watch
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'ShareLock'
+                        AND relation = 'public.checkpoint_blobs'::regclass",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                !closing.is_finished(),
+                "the fence did not wait for the writer"
+            );
+            assert!(std::time::Instant::now() < deadline, "never waited");
+            std::thread::yield_now();
+        }
+        // The put's next statement: its checkpoint, another subject's.
+        tx.execute(
+            PUT_CHECKPOINT,
+            &[&"put-1", &"c1", &meta("acme", "bob", None)],
+        )
+        .expect("the writer's checkpoint is admitted, not deadlocked");
+        tx.commit().unwrap();
+        assert!(
+            closing
+                .join()
+                .unwrap()
+                .expect("the fence closes, not deadlocked"),
+            "closed"
+        );
+    });
+    let mut c = db.client();
+    let n: i64 = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id = 'put-1')
+                  + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = 'put-1')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2, "the put committed whole");
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"put-2", &"c1", &meta("acme", "alice", None)]
+        ),
+        Some("LT001".to_string()),
+        "the fence is closed"
+    );
+}
+
 /// A REPEATABLE READ transaction whose snapshot predates the fence would read the fence state
 /// as it was: its write is refused with a serialization failure (retry), and the retry, with a
 /// new snapshot, meets the fence. READ COMMITTED writers are judged as before.
@@ -912,6 +986,7 @@ fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
 }
 
 both!(
+    a_fence_does_not_deadlock_a_put_in_flight,
     a_transaction_whose_snapshot_predates_the_fence_is_refused,
     a_fence_waits_for_transactions_that_wrote_before_it,
     install_is_idempotent_and_uninstall_leaves_the_database_as_it_was,

@@ -75,8 +75,8 @@ pub(crate) type Attach = (&'static str, &'static str, Vec<String>);
 /// fence change"): the draw is seen by every session at once, its record once committed.
 const NEW_GENERATION: &str = "UPDATE lethe_guard.gen_seen SET g = nextval('lethe_guard.gen')";
 
-/// How long closing a fence waits for transactions that wrote before it.
-const WAIT_WRITERS: &str = "30s";
+/// How long closing a fence waits, in all, for transactions that wrote before it.
+const WAIT_WRITERS: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Debug)]
 pub(crate) struct PgGuard {
@@ -131,22 +131,39 @@ impl PgGuard {
     /// review: an application transaction that wrote a new thread before the erasure and
     /// committed after COMPLETE). A `SHARE` lock waits for every holder of `ROW EXCLUSIVE`,
     /// the lock each write takes until its transaction ends, and is released at once; writers
-    /// that arrive meanwhile queue behind it. At most [`WAIT_WRITERS`]: then the job blocks
-    /// (retryable) and its resume waits again.
+    /// that arrive meanwhile queue behind it. At most [`WAIT_WRITERS`] in all: then the job
+    /// blocks (retryable) and its resume waits again.
+    ///
+    /// One table at a time, each in its own transaction. Locking them all in one transaction
+    /// held the first table's lock while waiting for the next: LangGraph's `put` (blobs, then
+    /// its checkpoint, in one transaction) for any subject, in flight at that moment, then
+    /// waited for us while we waited for it, and one of the two died of a deadlock (guard
+    /// review). Holding at most one lock, and waiting while holding none, we cannot be part of
+    /// a cycle. Waiting per table is enough: the fence committed before the first lock, so a
+    /// write that takes a table's `ROW EXCLUSIVE` after we released that table's `SHARE` runs
+    /// its trigger after the fence and is judged on it (a READ COMMITTED statement sees it; an
+    /// older REPEATABLE READ snapshot is refused `40001`). Only writes to that table made
+    /// before the fence can be admitted and uncommitted, and those are the ones its lock waits
+    /// for. A transaction refused later rolls back its earlier writes with it.
     fn wait_for_earlier_writers(&self) -> Result<(), AdapterError> {
-        let tables = self
-            .tables()
-            .iter()
-            .map(|t| format!("{}.{}", quote(&self.schema), quote(t)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        self.conn.with(|c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&format!(
-                "SET LOCAL lock_timeout = '{WAIT_WRITERS}'; LOCK TABLE {tables} IN SHARE MODE"
-            ))?;
-            tx.commit()
-        })
+        let deadline = std::time::Instant::now() + WAIT_WRITERS;
+        for t in self.tables() {
+            let table = format!("{}.{}", quote(&self.schema), quote(&t));
+            // Never 0: lock_timeout = 0 waits forever. Past the deadline, 1 ms: a table with no
+            // writer in flight is still checked, a busy one times out as before.
+            let left = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .as_millis()
+                .max(1);
+            self.conn.with(|c| {
+                let mut tx = c.transaction()?;
+                tx.batch_execute(&format!(
+                    "SET LOCAL lock_timeout = {left}; LOCK TABLE {table} IN SHARE MODE"
+                ))?;
+                tx.commit()
+            })?;
+        }
+        Ok(())
     }
 
     /// Runs `f` in one transaction under the guard's advisory lock, if the guard's schema
