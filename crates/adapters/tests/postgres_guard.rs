@@ -347,6 +347,67 @@ fn uninstall_is_refused_while_a_fence_is_closed(version: u32) {
     g.uninstall().unwrap();
 }
 
+/// A guard shared by two journals: journal B's job (epoch 1) closes a fence journal A's jobs
+/// already took to epoch 2, and cannot open it (it opens up to its own epoch). Its `open`
+/// fails, naming the target and the cause, instead of leaving the fence closed for good
+/// behind a COMPLETE job; the fence stays closed until A's epoch opens it.
+fn a_fence_left_closed_with_a_later_epoch_fails_the_open(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    guard(&cp).install().unwrap();
+    guard(&st).install().unwrap();
+    let s = scope("acme", "alice");
+    let t = Scope::Tenant {
+        tenant: Tenant::new("acme").unwrap(),
+    };
+    let fenced = |g: &dyn Guard| {
+        let st = g.status().unwrap();
+        st.fenced_subjects + st.fenced_tenants
+    };
+    for (g, a1, a2, b1) in [
+        (
+            guard(&cp),
+            Fence::of(&s, Some(1), None),
+            Fence::of(&s, Some(2), None),
+            Fence::of(&s, Some(1), None),
+        ),
+        (
+            guard(&st),
+            Fence::of(&t, None, Some(1)),
+            Fence::of(&t, None, Some(2)),
+            Fence::of(&t, None, Some(1)),
+        ),
+    ] {
+        // Journal A: two jobs.
+        for f in [&a1, &a2] {
+            assert!(g.close(f).unwrap());
+            assert!(g.open(f).unwrap());
+        }
+        assert!(g.open(&b1).unwrap(), "opening an open fence again is fine");
+        // Journal B: one job, epoch 1.
+        assert!(g.close(&b1).unwrap());
+        let e = g.open(&b1).unwrap_err();
+        assert!(!e.is_retryable());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("another journal")
+                && msg.contains(if matches!(b1, Fence::Subject { .. }) {
+                    "checkpoints"
+                } else {
+                    "memories"
+                }),
+            "{msg}"
+        );
+        for id in ["acme", "alice"] {
+            assert!(!msg.contains(id), "{msg}");
+        }
+        assert_eq!(fenced(g), 1, "the fence stays closed");
+        assert!(g.open(&a2).unwrap(), "the later epoch opens it");
+        assert_eq!(fenced(g), 0);
+    }
+}
+
 /// The whole life of a subject erasure, at the SQL level: fence window, erased lists, tokens.
 fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) {
     let srv = server(version);
@@ -986,6 +1047,7 @@ fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
 }
 
 both!(
+    a_fence_left_closed_with_a_later_epoch_fails_the_open,
     a_fence_does_not_deadlock_a_put_in_flight,
     a_transaction_whose_snapshot_predates_the_fence_is_refused,
     a_fence_waits_for_transactions_that_wrote_before_it,

@@ -396,31 +396,51 @@ impl Guard for PgGuard {
     }
 
     fn open(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
-        let done = self.in_guard(|tx| {
-            match fence {
+        // The fence opens only up to the job's epoch, and one left closed with a later epoch
+        // is reported. Epochs come from one journal and a job's epoch is its owner's latest
+        // when it runs, so a later one was written by a journal this job's does not know: the
+        // guard is shared with another journal (a second deployment, a migrated journal).
+        // Succeeding there left the fence closed with no job to open it, every write of that
+        // owner refused for good, silently (guard review).
+        let later = self.in_guard(|tx| {
+            // The UPDATE runs whether or not the SELECT reads it (a data-modifying WITH); the
+            // two see disjoint rows (epoch <= $n, epoch > $n), so the SELECT's snapshot from
+            // before the UPDATE is the state after it.
+            let later = match fence {
                 Fence::Subject {
                     tenant,
                     subject,
                     epoch,
-                } => {
-                    tx.execute(
-                        "UPDATE lethe_guard.subject_fence SET fenced = false
-                          WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3",
-                        &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
-                    )?;
-                }
-                Fence::Tenant { tenant, epoch } => {
-                    tx.execute(
-                        "UPDATE lethe_guard.tenant_fence SET fenced = false
-                          WHERE owner = lethe_guard.tenant_owner($1) AND epoch <= $2",
-                        &[&tenant.as_str(), &(*epoch as i64)],
-                    )?;
-                }
-                Fence::Memory => {}
-            }
-            Ok(())
+                } => tx.query_one(
+                    "WITH opened AS (
+                         UPDATE lethe_guard.subject_fence SET fenced = false
+                          WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3 RETURNING 1)
+                     SELECT EXISTS (SELECT 1 FROM lethe_guard.subject_fence
+                                     WHERE owner = lethe_guard.subject_owner($1, $2) AND fenced AND epoch > $3)",
+                    &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
+                )?,
+                Fence::Tenant { tenant, epoch } => tx.query_one(
+                    "WITH opened AS (
+                         UPDATE lethe_guard.tenant_fence SET fenced = false
+                          WHERE owner = lethe_guard.tenant_owner($1) AND epoch <= $2 RETURNING 1)
+                     SELECT EXISTS (SELECT 1 FROM lethe_guard.tenant_fence
+                                     WHERE owner = lethe_guard.tenant_owner($1) AND fenced AND epoch > $2)",
+                    &[&tenant.as_str(), &(*epoch as i64)],
+                )?,
+                Fence::Memory => return Ok(false),
+            };
+            Ok(later.get::<_, bool>(0))
         })?;
-        Ok(done.is_some())
+        match later {
+            None => Ok(false),
+            Some(false) => Ok(true),
+            Some(true) => Err(self.failed(
+                "the guard's fence for this job's scope was closed with a later epoch than this job's, \
+                 so this job cannot open it: the guard is shared with another journal (a second \
+                 deployment or a migrated journal). Run every erasure for this database from one \
+                 journal; the fence stays closed until a job of the journal that closed it completes",
+            )),
+        }
     }
 }
 
