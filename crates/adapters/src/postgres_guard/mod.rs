@@ -29,9 +29,11 @@ use crate::{AdapterError, Locator};
 /// `lethe_guard.known` first, so a write the guard knows nothing of runs one statement (the
 /// same rules; about 60% of 2's cost a store write). 4: a write whose transaction's snapshot
 /// predates a fence change is refused (`40001`, retry) instead of judged on old state
-/// (`lethe_guard.gen`). `lethe guard install` brings a database from 1, 2 or 3 to 4 in place,
-/// its fences and erased lists kept.
-pub const VERSION: &str = "4";
+/// (`lethe_guard.gen`). 5: an UPDATE that moves a row to another owner, thread or item is
+/// judged for the row it leaves too (a second trigger, `lethe_guard_reown`, on UPDATEs that
+/// change those columns only). `lethe guard install` brings a database from 1 to 4 up to 5 in
+/// place, its fences and erased lists kept.
+pub const VERSION: &str = "5";
 
 const INSTALL: &str = include_str!("install.sql");
 
@@ -39,6 +41,8 @@ const INSTALL: &str = include_str!("install.sql");
 /// anything else someone put there stops the uninstall instead of being dropped).
 const UNINSTALL: &str = "
 DROP FUNCTION IF EXISTS lethe_guard.attach(text, text, text, text[]);
+DROP FUNCTION IF EXISTS lethe_guard.reown_guard();
+DROP FUNCTION IF EXISTS lethe_guard.namespace_owner(text, text[]);
 DROP FUNCTION IF EXISTS lethe_guard.store_guard();
 DROP FUNCTION IF EXISTS lethe_guard.thread_rows_guard();
 DROP FUNCTION IF EXISTS lethe_guard.checkpoints_guard();
@@ -186,19 +190,22 @@ impl PgGuard {
     }
 }
 
-/// Counts this target's triggers named `lethe_guard` calling a function of schema lethe_guard.
+/// The guard's triggers on each of its tables (`lethe_guard.attach`).
+const TRIGGER_NAMES: [&str; 2] = ["lethe_guard", "lethe_guard_reown"];
+
+/// Counts this target's triggers named in `$3` calling a function of schema lethe_guard.
 const TRIGGERS: &str = "
 SELECT count(*) FROM pg_trigger tg
   JOIN pg_class c ON c.oid = tg.tgrelid
   JOIN pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_proc p ON p.oid = tg.tgfoid
- WHERE tg.tgname = 'lethe_guard' AND n.nspname = $1 AND c.relname = ANY($2)
+ WHERE tg.tgname = ANY($3) AND n.nspname = $1 AND c.relname = ANY($2)
    AND p.pronamespace = to_regnamespace('lethe_guard')";
 
 impl Guard for PgGuard {
     fn status(&self) -> Result<GuardStatus, AdapterError> {
         let tables = self.tables();
-        let needed = tables.len() as u64;
+        let needed = (tables.len() * TRIGGER_NAMES.len()) as u64;
         self.conn.with(|c| {
             let mut tx = c.build_transaction().read_only(true).start()?;
             let present: bool = tx.query_one(installed_sql(), &[])?.get(0);
@@ -208,7 +215,9 @@ impl Guard for PgGuard {
                     ..GuardStatus::default()
                 });
             }
-            let triggers: i64 = tx.query_one(TRIGGERS, &[&self.schema, &tables])?.get(0);
+            let triggers: i64 = tx
+                .query_one(TRIGGERS, &[&self.schema, &tables, &TRIGGER_NAMES.to_vec()])?
+                .get(0);
             let r = tx.query_one(
                 "SELECT (SELECT value FROM lethe_guard.meta WHERE key = 'version'),
                         (SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced),
@@ -276,18 +285,20 @@ impl Guard for PgGuard {
                 return Ok(true);
             }
             for t in &tables {
-                // Only a trigger of ours: named lethe_guard and calling a lethe_guard function.
-                let ours: i64 = tx
-                    .query_one(TRIGGERS, &[&self.schema, &vec![t.clone()]])?
-                    .get(0);
-                if ours > 0 {
-                    let sql: String = tx
-                        .query_one(
-                            "SELECT format('DROP TRIGGER lethe_guard ON %I.%I', $1::text, $2::text)",
-                            &[&self.schema, t],
-                        )?
+                for name in TRIGGER_NAMES {
+                    // Only a trigger of ours: so named and calling a lethe_guard function.
+                    let ours: i64 = tx
+                        .query_one(TRIGGERS, &[&self.schema, &vec![t.clone()], &vec![name]])?
                         .get(0);
-                    tx.batch_execute(&sql)?;
+                    if ours > 0 {
+                        let sql: String = tx
+                            .query_one(
+                                "SELECT format('DROP TRIGGER %I ON %I.%I', $1::text, $2::text, $3::text)",
+                                &[&name, &self.schema, t],
+                            )?
+                            .get(0);
+                        tx.batch_execute(&sql)?;
+                    }
                 }
             }
             let left: i64 = tx
