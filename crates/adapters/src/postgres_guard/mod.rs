@@ -8,6 +8,9 @@
 //! - its owner's erasure is running (FROZEN to COMPLETE) — `LT001`;
 //! - its owner was erased and it carries no token, or a token older than the erasure — `LT002`.
 //!
+//! An UPDATE that moves a row to another owner, thread or item is judged for the row it leaves
+//! as well, by the same rules and codes (a second trigger, `lethe_guard_reown`, version 5).
+//!
 //! Owners are found the way the adapters find them: for checkpoints, the target's `metadata`
 //! keys in `checkpoints.metadata`; for task writes, the checkpoint they name; for blobs, one
 //! checkpoint of their thread (only while a fence is closed); for store items, the namespace template's labels in `prefix`.
