@@ -9,7 +9,7 @@ state of a deployment that has been erasing for a while (1,000 erased threads, 1
 items, 200 erased subjects with open fences, one closed fence of another subject).
 
 Then rounds, alternating the order (ABBA), on the same database and connections:
-  - guard ON: the triggers enabled; guard OFF: `ALTER TABLE ... DISABLE TRIGGER lethe_guard`
+  - guard ON: the triggers enabled; guard OFF: `ALTER TABLE ... DISABLE TRIGGER USER` (the guard's triggers)
     (what runs on a write is then exactly what runs without the guard installed; the state
     stays, so every ON round sees the same tables).
   - checkpoint workload: one `graph.invoke` of a compiled StateGraph (START -> respond ->
@@ -134,7 +134,9 @@ namespace = ["{{tenant}}", "{{subject}}"]
 
             def set_guard(on: bool):
                 for t in tables:
-                    conn.execute(f"ALTER TABLE {t} {'ENABLE' if on else 'DISABLE'} TRIGGER lethe_guard")
+                    # USER: lethe_guard and, from version 5, lethe_guard_reown (no other user
+                    # trigger is on LangGraph's tables).
+                    conn.execute(f"ALTER TABLE {t} {'ENABLE' if on else 'DISABLE'} TRIGGER USER")
 
             samples = {("checkpoint", True): [], ("checkpoint", False): [], ("store", True): [], ("store", False): []}
             n = 0

@@ -275,7 +275,8 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
         4,
         "one trigger per guarded table"
     );
-    for (t, n) in [(&cp, 3), (&st, 1)] {
+    // Two triggers a table: `lethe_guard`, and `lethe_guard_reown` for re-owning UPDATEs.
+    for (t, n) in [(&cp, 6), (&st, 2)] {
         let s = guard(t).status().unwrap();
         assert!(s.installed);
         assert_eq!(s.version.as_deref(), Some(lethe_adapters::GUARD_VERSION));
@@ -283,9 +284,13 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
         assert_eq!(s.fenced_subjects + s.erased_threads + s.erased_items, 0);
     }
     // An older guard is brought up to date in place by installing again, its state kept. A
-    // version 2 database has no `known` index of digests: made here as version 2 left it.
+    // version 2 database has no `known` index of digests and no `lethe_guard_reown` triggers
+    // (version 5): made here as version 2 left it.
     c.batch_execute(
         "UPDATE lethe_guard.meta SET value = '2' WHERE key = 'version';
+         DROP TRIGGER lethe_guard_reown ON public.checkpoints;
+         DROP TRIGGER lethe_guard_reown ON public.checkpoint_blobs;
+         DROP TRIGGER lethe_guard_reown ON public.checkpoint_writes;
          DROP TRIGGER known ON lethe_guard.subject_fence;
          DROP TRIGGER known ON lethe_guard.tenant_fence;
          DROP TRIGGER known ON lethe_guard.erased_thread;
@@ -295,12 +300,13 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
          INSERT INTO lethe_guard.erased_thread VALUES (lethe_guard.thread_digest('old'))",
     )
     .unwrap();
-    assert_eq!(guard(&cp).status().unwrap().version.as_deref(), Some("2"));
+    let s = guard(&cp).status().unwrap();
+    assert_eq!((s.version.as_deref(), s.installed), (Some("2"), false));
     guard(&cp).install().unwrap();
     let s = guard(&cp).status().unwrap();
     assert_eq!(
-        (s.version.as_deref(), s.erased_threads),
-        (Some(lethe_adapters::GUARD_VERSION), 1)
+        (s.version.as_deref(), s.erased_threads, s.installed),
+        (Some(lethe_adapters::GUARD_VERSION), 1, true)
     );
     // The thread erased under version 2 is in the new index, so its writes are still refused.
     assert_eq!(
@@ -308,6 +314,20 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
         Some("LT003".to_string()),
         "a thread erased before the update stays refused"
     );
+    // The update's re-owning check is in place: a fenced subject's row cannot change owner.
+    let alice = scope("acme", "alice");
+    let f = Fence::of(&alice, Some(1), None);
+    assert!(guard(&cp).close(&f).unwrap());
+    let alice_thread = a_thread(&srv.manifest, "acme", "alice");
+    assert_eq!(
+        write(
+            &mut c,
+            "UPDATE checkpoints SET metadata = metadata - 'user_id' WHERE thread_id = $1",
+            &[&alice_thread]
+        ),
+        Some("LT001".to_string()),
+    );
+    assert!(guard(&cp).open(&f).unwrap());
     // Uninstalling one target keeps the schema for the other; the second removes everything.
     guard(&st).uninstall().unwrap();
     assert!(!guard(&st).status().unwrap().installed);
@@ -345,6 +365,67 @@ fn uninstall_is_refused_while_a_fence_is_closed(version: u32) {
     assert!(g.status().unwrap().installed);
     g.open(&f).unwrap();
     g.uninstall().unwrap();
+}
+
+/// A guard shared by two journals: journal B's job (epoch 1) closes a fence journal A's jobs
+/// already took to epoch 2, and cannot open it (it opens up to its own epoch). Its `open`
+/// fails, naming the target and the cause, instead of leaving the fence closed for good
+/// behind a COMPLETE job; the fence stays closed until A's epoch opens it.
+fn a_fence_left_closed_with_a_later_epoch_fails_the_open(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    guard(&cp).install().unwrap();
+    guard(&st).install().unwrap();
+    let s = scope("acme", "alice");
+    let t = Scope::Tenant {
+        tenant: Tenant::new("acme").unwrap(),
+    };
+    let fenced = |g: &dyn Guard| {
+        let st = g.status().unwrap();
+        st.fenced_subjects + st.fenced_tenants
+    };
+    for (g, a1, a2, b1) in [
+        (
+            guard(&cp),
+            Fence::of(&s, Some(1), None),
+            Fence::of(&s, Some(2), None),
+            Fence::of(&s, Some(1), None),
+        ),
+        (
+            guard(&st),
+            Fence::of(&t, None, Some(1)),
+            Fence::of(&t, None, Some(2)),
+            Fence::of(&t, None, Some(1)),
+        ),
+    ] {
+        // Journal A: two jobs.
+        for f in [&a1, &a2] {
+            assert!(g.close(f).unwrap());
+            assert!(g.open(f).unwrap());
+        }
+        assert!(g.open(&b1).unwrap(), "opening an open fence again is fine");
+        // Journal B: one job, epoch 1.
+        assert!(g.close(&b1).unwrap());
+        let e = g.open(&b1).unwrap_err();
+        assert!(!e.is_retryable());
+        let msg = e.to_string();
+        assert!(
+            msg.contains("another journal")
+                && msg.contains(if matches!(b1, Fence::Subject { .. }) {
+                    "checkpoints"
+                } else {
+                    "memories"
+                }),
+            "{msg}"
+        );
+        for id in ["acme", "alice"] {
+            assert!(!msg.contains(id), "{msg}");
+        }
+        assert_eq!(fenced(g), 1, "the fence stays closed");
+        assert!(g.open(&a2).unwrap(), "the later epoch opens it");
+        assert_eq!(fenced(g), 0);
+    }
 }
 
 /// The whole life of a subject erasure, at the SQL level: fence window, erased lists, tokens.
@@ -568,6 +649,147 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
     for id in ["acme", "alice", alice_thread.as_str()] {
         assert!(!msg.contains(id), "{msg}");
     }
+}
+
+/// An UPDATE that moves a row to another owner, thread or item is a write for the row it
+/// leaves too: while a subject's fence is closed none of its rows can be re-owned out of the
+/// erasure (the triggers judged only NEW, so the job certified such rows gone), and after the
+/// erasure an erased thread's or item's row, or the erased owner's, is moved only as any write
+/// of that owner is admitted.
+fn an_update_cannot_move_rows_out_of_a_fenced_or_erased_owner(version: u32) {
+    let srv = server(version);
+    let m = &srv.manifest;
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    guard(&cp).install().unwrap();
+    guard(&st).install().unwrap();
+    let bystanders = others(&mut c, m, "acme", "alice");
+    let alice_thread = a_thread(m, "acme", "alice");
+    let s = scope("acme", "alice");
+    let before: Vec<u64> = [&cp, &st]
+        .iter()
+        .map(|t| t.adapter.inventory(&s).unwrap().count)
+        .collect();
+    let f = Fence::of(&s, Some(1), None);
+    assert!(guard(&cp).close(&f).unwrap());
+
+    let lt001 = Some("LT001".to_string());
+    let alice_items = "(prefix = 'acme.alice' OR starts_with(prefix, 'acme.alice.'))";
+    for sql in [
+        "UPDATE checkpoints SET metadata = metadata - 'user_id' - 'tenant_id' WHERE thread_id = $1",
+        "UPDATE checkpoints SET metadata = jsonb_set(metadata, '{user_id}', '\"zed\"') WHERE thread_id = $1",
+        "UPDATE checkpoints SET metadata = jsonb_set(metadata, '{tenant_id}', '\"globex\"') WHERE thread_id = $1",
+        "UPDATE checkpoints SET thread_id = 'moved-1' WHERE thread_id = $1",
+        "UPDATE checkpoint_blobs SET thread_id = 'moved-2' WHERE thread_id = $1",
+        "UPDATE checkpoint_writes SET thread_id = 'moved-3' WHERE thread_id = $1",
+    ] {
+        assert_eq!(write(&mut c, sql, &[&alice_thread]), lt001, "{sql}");
+    }
+    for set in [
+        "prefix = 'acme.zed'",
+        "prefix = 'acme.zed', key = 'moved-' || key",
+        "prefix = 'acme.alice2'",
+    ] {
+        let sql = format!("UPDATE store SET {set} WHERE {alice_items}");
+        assert_eq!(write(&mut c, &sql, &[]), lt001, "{sql}");
+    }
+    // The erasure finds every row it had before, and erases them.
+    for (t, n) in [&cp, &st].into_iter().zip(before) {
+        let inv = t.adapter.inventory(&s).unwrap();
+        assert_eq!(inv.count, n, "no row moved out of the scope");
+        assert!(guard(t).record_erased(&f, &inv.locators).unwrap());
+        assert_eq!(t.adapter.erase_batch(&s, &inv.locators).unwrap(), n);
+        assert_eq!(t.adapter.verify(&s, &inv.locators).unwrap(), 0);
+    }
+    assert!(guard(&cp).open(&f).unwrap());
+
+    // After the erasure: alice's new rows (written under a lease taken after it) move only with
+    // a current token, as any write of hers.
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"fresh-1", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        None
+    );
+    let lt002 = Some("LT002".to_string());
+    assert_eq!(
+        write(
+            &mut c,
+            "UPDATE checkpoints SET metadata = metadata - 'user_id' - 'tenant_id' - 'lethe_epoch' WHERE thread_id = 'fresh-1'",
+            &[]
+        ),
+        lt002,
+        "no token"
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            "UPDATE checkpoints SET metadata = metadata - 'user_id' - 'tenant_id' WHERE thread_id = 'fresh-1'",
+            &[]
+        ),
+        None,
+        "the current token"
+    );
+    // An erased item written again under a current lease: moved only with its token.
+    let item = &m["subjects"][0]["store_items"][0];
+    let (ns, key) = (
+        item["prefix"].as_str().unwrap(),
+        item["key"].as_str().unwrap(),
+    );
+    assert_eq!(write(&mut c, PUT_ITEM, &[&ns, &key, &value(Some(1))]), None);
+    let lt004 = Some("LT004".to_string());
+    assert_eq!(
+        write(
+            &mut c,
+            "UPDATE store SET prefix = 'acme.zed', value = value - 'lethe_epoch' WHERE prefix = $1 AND key = $2",
+            &[&ns, &key]
+        ),
+        lt004
+    );
+    // A row of an erased thread (written around the guard, as its owner could) cannot be
+    // moved to another thread either.
+    c.batch_execute(&format!(
+        "SET session_replication_role = replica;
+         INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
+              VALUES ('{alice_thread}', '', 'messages', 'around', 'json', '\\x00');
+         SET session_replication_role = DEFAULT;"
+    ))
+    .unwrap();
+    assert_eq!(
+        write(
+            &mut c,
+            "UPDATE checkpoint_blobs SET thread_id = 'moved-4' WHERE thread_id = $1",
+            &[&alice_thread]
+        ),
+        Some("LT003".to_string())
+    );
+
+    // Everyone else's rows as they were; their own rows still move freely.
+    let after = others(&mut c, m, "acme", "alice");
+    let changed: Vec<_> = after.iter().filter(|r| !bystanders.contains(r)).collect();
+    assert!(
+        changed.is_empty() && after.len() == bystanders.len(),
+        "other subjects changed: {changed:?}"
+    );
+    let bob_thread = a_thread(m, "acme", "bob");
+    for sql in [
+        "UPDATE checkpoints SET metadata = jsonb_set(metadata, '{user_id}', '\"zed\"') WHERE thread_id = $1",
+        "UPDATE checkpoint_blobs SET thread_id = 'bob-moved' WHERE thread_id = $1",
+        "UPDATE checkpoint_writes SET thread_id = 'bob-moved' WHERE thread_id = $1",
+    ] {
+        assert_eq!(write(&mut c, sql, &[&bob_thread]), None, "{sql}");
+    }
+    assert_eq!(
+        write(
+            &mut c,
+            "UPDATE store SET prefix = 'acme.zed' WHERE prefix = 'acme.bob'",
+            &[]
+        ),
+        None
+    );
 }
 
 fn tenant_and_memory_scopes(version: u32) {
@@ -860,6 +1082,80 @@ fn a_fence_waits_for_transactions_that_wrote_before_it(version: u32) {
     );
 }
 
+/// Closing a fence waits for earlier writers one table at a time, holding at most one lock: a
+/// writer in the middle of LangGraph's `put` (its blobs written, its checkpoint next) for
+/// another subject is not deadlocked by the wait (locking the three tables in one transaction
+/// held `checkpoints` while waiting for `checkpoint_blobs`: 40P01 for one of the two).
+fn a_fence_does_not_deadlock_a_put_in_flight(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    guard(&cp).install().unwrap();
+    let mut app = db.client();
+    let mut tx = app.transaction().unwrap();
+    tx.execute(PUT_BLOB, &[&"put-1", &"1"]).unwrap();
+    let s = scope("acme", "alice");
+    let f = Fence::of(&s, Some(1), None);
+    std::thread::scope(|sc| {
+        let closing = sc.spawn(|| guard(&cp).close(&f));
+        let mut watch = db.client();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        // The wait has reached the blobs, which the writer holds.
+        loop {
+            let waiting: i64 = watch
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'ShareLock'
+                        AND relation = 'public.checkpoint_blobs'::regclass",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                !closing.is_finished(),
+                "the fence did not wait for the writer"
+            );
+            assert!(std::time::Instant::now() < deadline, "never waited");
+            std::thread::yield_now();
+        }
+        // The put's next statement: its checkpoint, another subject's.
+        tx.execute(
+            PUT_CHECKPOINT,
+            &[&"put-1", &"c1", &meta("acme", "bob", None)],
+        )
+        .expect("the writer's checkpoint is admitted, not deadlocked");
+        tx.commit().unwrap();
+        assert!(
+            closing
+                .join()
+                .unwrap()
+                .expect("the fence closes, not deadlocked"),
+            "closed"
+        );
+    });
+    let mut c = db.client();
+    let n: i64 = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM checkpoints WHERE thread_id = 'put-1')
+                  + (SELECT count(*) FROM checkpoint_blobs WHERE thread_id = 'put-1')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2, "the put committed whole");
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"put-2", &"c1", &meta("acme", "alice", None)]
+        ),
+        Some("LT001".to_string()),
+        "the fence is closed"
+    );
+}
+
 /// A REPEATABLE READ transaction whose snapshot predates the fence would read the fence state
 /// as it was: its write is refused with a serialization failure (retry), and the retry, with a
 /// new snapshot, meets the fence. READ COMMITTED writers are judged as before.
@@ -912,6 +1208,9 @@ fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
 }
 
 both!(
+    an_update_cannot_move_rows_out_of_a_fenced_or_erased_owner,
+    a_fence_left_closed_with_a_later_epoch_fails_the_open,
+    a_fence_does_not_deadlock_a_put_in_flight,
     a_transaction_whose_snapshot_predates_the_fence_is_refused,
     a_fence_waits_for_transactions_that_wrote_before_it,
     install_is_idempotent_and_uninstall_leaves_the_database_as_it_was,

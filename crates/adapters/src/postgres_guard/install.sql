@@ -1,4 +1,4 @@
--- Lethe's database guard for LangGraph on PostgreSQL, version 4. Run in one transaction by
+-- Lethe's database guard for LangGraph on PostgreSQL, version 5. Run in one transaction by
 -- `lethe guard install`; every statement is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
 -- REPLACE), so installing twice changes nothing. Everything lives in schema `lethe_guard`
 -- except the triggers, which `lethe_guard.attach` creates on LangGraph's tables.
@@ -485,10 +485,103 @@ BEGIN
     RETURN NEW;
 END $$;
 
--- Creates (or replaces) the trigger `lethe_guard` on one table. Identifiers and arguments are
--- quoted here, never by the caller.
+-- Re-owning UPDATEs (version 5). The triggers above judge a row as the write leaves it (NEW). An
+-- UPDATE that changes a row's owner keys or identity (checkpoints' owner in `metadata` or its
+-- `thread_id`, a blob's or task write's `thread_id`, an item's `prefix` or `key`) also takes the
+-- row away from its old owner, thread or item: while that owner's fence was closed it moved the
+-- subject's rows out of the erasure, which then certified them gone (guard review). So such an
+-- UPDATE is a write for both: the old row (OLD) goes through the same rules, with the tokens
+-- the write carries (NEW's), and is refused with the same SQLSTATEs. A second trigger,
+-- `lethe_guard_reown`, `BEFORE UPDATE` with a `WHEN` clause that compares those columns, so
+-- INSERTs and every other UPDATE run exactly what they ran before (the clause is evaluated by
+-- the executor, no function call). TG_ARGV = the main trigger's function, then its arguments.
+
+-- `(tenant, subject)` of a store prefix under a namespace template, exactly as `store_guard`
+-- reads them (which keeps its own inline copy: a function call there costs every write).
+CREATE OR REPLACE FUNCTION lethe_guard.namespace_owner(prefix text, template text[],
+                                                      OUT tenant text, OUT subject text)
+    LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    labels text[] := string_to_array(prefix, '.');
+    a text;
+    l text;
+    at_subject boolean := false;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(template, 1), 0) LOOP
+        a := template[i];
+        l := labels[i];
+        IF NOT at_subject THEN
+            IF a = '{subject}' THEN
+                subject := l;
+                EXIT WHEN l IS NULL;
+                at_subject := true;
+            ELSIF l IS NULL THEN
+                tenant := NULL;
+                EXIT;
+            ELSIF a = '{tenant}' THEN
+                tenant := l;
+            ELSIF a <> l THEN
+                tenant := NULL;
+                EXIT;
+            END IF;
+        ELSIF l IS NULL OR a <> l THEN
+            subject := NULL;
+            EXIT;
+        END IF;
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION lethe_guard.reown_guard() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    args text[] := TG_ARGV[1:TG_NARGS - 1];
+    o record;
+    d_item bytea;
+    cur bigint;
+    forever boolean;
+    tok bigint;
+BEGIN
+    PERFORM lethe_guard.catch_up();
+    -- One branch a kind: PL/pgSQL resolves OLD's fields when a statement first runs.
+    IF TG_ARGV[0] = 'store_guard' THEN
+        d_item := lethe_guard.item_digest(OLD.prefix, OLD.key);
+        SELECT e.epoch, e.forever INTO cur, forever FROM lethe_guard.erased_item e WHERE e.item = d_item;
+        IF cur IS NOT NULL THEN
+            tok := lethe_guard.token(NEW.value -> 'lethe_epoch');
+            IF forever OR tok IS NULL OR tok < cur THEN
+                RAISE EXCEPTION 'lethe guard: this store item was erased; only a write under a lease taken after the erasure may write it again'
+                    USING ERRCODE = 'LT004';
+            END IF;
+        END IF;
+        SELECT * INTO o FROM lethe_guard.namespace_owner(OLD.prefix, args);
+        PERFORM lethe_guard.check_owner(o.tenant, o.subject, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch', false);
+    ELSIF TG_ARGV[0] = 'checkpoints_guard' THEN
+        PERFORM lethe_guard.refuse_erased_thread(OLD.thread_id);
+        IF args[1] <> '' THEN
+            PERFORM lethe_guard.check_owner(OLD.metadata ->> args[1], OLD.metadata ->> NULLIF(args[2], ''),
+                                            NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch', false);
+        END IF;
+    ELSE
+        -- A blob or task write leaving its thread: the thread's owners, as `thread_rows_guard`
+        -- judges them (fences only: these rows carry no token), from every checkpoint of it.
+        PERFORM lethe_guard.refuse_erased_thread(OLD.thread_id);
+        IF args[1] <> '' THEN
+            FOR o IN EXECUTE format('SELECT DISTINCT metadata ->> $2 AS tenant, metadata ->> $3 AS subject
+                                       FROM %I.checkpoints WHERE thread_id = $1', TG_TABLE_SCHEMA)
+                     USING OLD.thread_id, args[1], NULLIF(args[2], '') LOOP
+                PERFORM lethe_guard.check_owner(o.tenant, o.subject, NULL, NULL, true);
+            END LOOP;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- Creates (or replaces) the triggers `lethe_guard` and `lethe_guard_reown` on one table.
+-- Identifiers and arguments are quoted here, never by the caller.
 CREATE OR REPLACE FUNCTION lethe_guard.attach(tbl_schema text, tbl text, fn text, args text[])
     RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    moved text;
 BEGIN
     IF fn NOT IN ('checkpoints_guard', 'thread_rows_guard', 'store_guard') THEN
         RAISE EXCEPTION 'lethe guard: unknown guard function';
@@ -496,7 +589,20 @@ BEGIN
     EXECUTE format('CREATE OR REPLACE TRIGGER lethe_guard BEFORE INSERT OR UPDATE ON %I.%I FOR EACH ROW EXECUTE FUNCTION lethe_guard.%I(%s)',
                    tbl_schema, tbl, fn,
                    coalesce((SELECT string_agg(quote_literal(x), ', ' ORDER BY n) FROM unnest(args) WITH ORDINALITY AS u(x, n)), ''));
+    -- The columns whose change moves a row to another owner, thread or item.
+    moved := CASE fn
+        WHEN 'checkpoints_guard' THEN
+            format('OLD.thread_id IS DISTINCT FROM NEW.thread_id
+                    OR (OLD.metadata ->> %L) IS DISTINCT FROM (NEW.metadata ->> %L)
+                    OR (OLD.metadata ->> %L) IS DISTINCT FROM (NEW.metadata ->> %L)',
+                   coalesce(args[1], ''), coalesce(args[1], ''), coalesce(args[2], ''), coalesce(args[2], ''))
+        WHEN 'thread_rows_guard' THEN 'OLD.thread_id IS DISTINCT FROM NEW.thread_id'
+        ELSE 'OLD.prefix IS DISTINCT FROM NEW.prefix OR OLD.key IS DISTINCT FROM NEW.key'
+    END;
+    EXECUTE format('CREATE OR REPLACE TRIGGER lethe_guard_reown BEFORE UPDATE ON %I.%I FOR EACH ROW WHEN (%s) EXECUTE FUNCTION lethe_guard.reown_guard(%s)',
+                   tbl_schema, tbl, moved,
+                   (SELECT string_agg(quote_literal(x), ', ' ORDER BY n) FROM unnest(fn || args) WITH ORDINALITY AS u(x, n)));
 END $$;
 
-INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '4')
+INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '5')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

@@ -8,6 +8,9 @@
 //! - its owner's erasure is running (FROZEN to COMPLETE) — `LT001`;
 //! - its owner was erased and it carries no token, or a token older than the erasure — `LT002`.
 //!
+//! An UPDATE that moves a row to another owner, thread or item is judged for the row it leaves
+//! as well, by the same rules and codes (a second trigger, `lethe_guard_reown`, version 5).
+//!
 //! Owners are found the way the adapters find them: for checkpoints, the target's `metadata`
 //! keys in `checkpoints.metadata`; for task writes, the checkpoint they name; for blobs, one
 //! checkpoint of their thread (only while a fence is closed); for store items, the namespace template's labels in `prefix`.
@@ -29,9 +32,11 @@ use crate::{AdapterError, Locator};
 /// `lethe_guard.known` first, so a write the guard knows nothing of runs one statement (the
 /// same rules; about 60% of 2's cost a store write). 4: a write whose transaction's snapshot
 /// predates a fence change is refused (`40001`, retry) instead of judged on old state
-/// (`lethe_guard.gen`). `lethe guard install` brings a database from 1, 2 or 3 to 4 in place,
-/// its fences and erased lists kept.
-pub const VERSION: &str = "4";
+/// (`lethe_guard.gen`). 5: an UPDATE that moves a row to another owner, thread or item is
+/// judged for the row it leaves too (a second trigger, `lethe_guard_reown`, on UPDATEs that
+/// change those columns only). `lethe guard install` brings a database from 1 to 4 up to 5 in
+/// place, its fences and erased lists kept.
+pub const VERSION: &str = "5";
 
 const INSTALL: &str = include_str!("install.sql");
 
@@ -39,6 +44,8 @@ const INSTALL: &str = include_str!("install.sql");
 /// anything else someone put there stops the uninstall instead of being dropped).
 const UNINSTALL: &str = "
 DROP FUNCTION IF EXISTS lethe_guard.attach(text, text, text, text[]);
+DROP FUNCTION IF EXISTS lethe_guard.reown_guard();
+DROP FUNCTION IF EXISTS lethe_guard.namespace_owner(text, text[]);
 DROP FUNCTION IF EXISTS lethe_guard.store_guard();
 DROP FUNCTION IF EXISTS lethe_guard.thread_rows_guard();
 DROP FUNCTION IF EXISTS lethe_guard.checkpoints_guard();
@@ -75,8 +82,8 @@ pub(crate) type Attach = (&'static str, &'static str, Vec<String>);
 /// fence change"): the draw is seen by every session at once, its record once committed.
 const NEW_GENERATION: &str = "UPDATE lethe_guard.gen_seen SET g = nextval('lethe_guard.gen')";
 
-/// How long closing a fence waits for transactions that wrote before it.
-const WAIT_WRITERS: &str = "30s";
+/// How long closing a fence waits, in all, for transactions that wrote before it.
+const WAIT_WRITERS: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Debug)]
 pub(crate) struct PgGuard {
@@ -131,22 +138,39 @@ impl PgGuard {
     /// review: an application transaction that wrote a new thread before the erasure and
     /// committed after COMPLETE). A `SHARE` lock waits for every holder of `ROW EXCLUSIVE`,
     /// the lock each write takes until its transaction ends, and is released at once; writers
-    /// that arrive meanwhile queue behind it. At most [`WAIT_WRITERS`]: then the job blocks
-    /// (retryable) and its resume waits again.
+    /// that arrive meanwhile queue behind it. At most [`WAIT_WRITERS`] in all: then the job
+    /// blocks (retryable) and its resume waits again.
+    ///
+    /// One table at a time, each in its own transaction. Locking them all in one transaction
+    /// held the first table's lock while waiting for the next: LangGraph's `put` (blobs, then
+    /// its checkpoint, in one transaction) for any subject, in flight at that moment, then
+    /// waited for us while we waited for it, and one of the two died of a deadlock (guard
+    /// review). Holding at most one lock, and waiting while holding none, we cannot be part of
+    /// a cycle. Waiting per table is enough: the fence committed before the first lock, so a
+    /// write that takes a table's `ROW EXCLUSIVE` after we released that table's `SHARE` runs
+    /// its trigger after the fence and is judged on it (a READ COMMITTED statement sees it; an
+    /// older REPEATABLE READ snapshot is refused `40001`). Only writes to that table made
+    /// before the fence can be admitted and uncommitted, and those are the ones its lock waits
+    /// for. A transaction refused later rolls back its earlier writes with it.
     fn wait_for_earlier_writers(&self) -> Result<(), AdapterError> {
-        let tables = self
-            .tables()
-            .iter()
-            .map(|t| format!("{}.{}", quote(&self.schema), quote(t)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        self.conn.with(|c| {
-            let mut tx = c.transaction()?;
-            tx.batch_execute(&format!(
-                "SET LOCAL lock_timeout = '{WAIT_WRITERS}'; LOCK TABLE {tables} IN SHARE MODE"
-            ))?;
-            tx.commit()
-        })
+        let deadline = std::time::Instant::now() + WAIT_WRITERS;
+        for t in self.tables() {
+            let table = format!("{}.{}", quote(&self.schema), quote(&t));
+            // Never 0: lock_timeout = 0 waits forever. Past the deadline, 1 ms: a table with no
+            // writer in flight is still checked, a busy one times out as before.
+            let left = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .as_millis()
+                .max(1);
+            self.conn.with(|c| {
+                let mut tx = c.transaction()?;
+                tx.batch_execute(&format!(
+                    "SET LOCAL lock_timeout = {left}; LOCK TABLE {table} IN SHARE MODE"
+                ))?;
+                tx.commit()
+            })?;
+        }
+        Ok(())
     }
 
     /// Runs `f` in one transaction under the guard's advisory lock, if the guard's schema
@@ -169,19 +193,22 @@ impl PgGuard {
     }
 }
 
-/// Counts this target's triggers named `lethe_guard` calling a function of schema lethe_guard.
+/// The guard's triggers on each of its tables (`lethe_guard.attach`).
+const TRIGGER_NAMES: [&str; 2] = ["lethe_guard", "lethe_guard_reown"];
+
+/// Counts this target's triggers named in `$3` calling a function of schema lethe_guard.
 const TRIGGERS: &str = "
 SELECT count(*) FROM pg_trigger tg
   JOIN pg_class c ON c.oid = tg.tgrelid
   JOIN pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_proc p ON p.oid = tg.tgfoid
- WHERE tg.tgname = 'lethe_guard' AND n.nspname = $1 AND c.relname = ANY($2)
+ WHERE tg.tgname = ANY($3) AND n.nspname = $1 AND c.relname = ANY($2)
    AND p.pronamespace = to_regnamespace('lethe_guard')";
 
 impl Guard for PgGuard {
     fn status(&self) -> Result<GuardStatus, AdapterError> {
         let tables = self.tables();
-        let needed = tables.len() as u64;
+        let needed = (tables.len() * TRIGGER_NAMES.len()) as u64;
         self.conn.with(|c| {
             let mut tx = c.build_transaction().read_only(true).start()?;
             let present: bool = tx.query_one(installed_sql(), &[])?.get(0);
@@ -191,7 +218,9 @@ impl Guard for PgGuard {
                     ..GuardStatus::default()
                 });
             }
-            let triggers: i64 = tx.query_one(TRIGGERS, &[&self.schema, &tables])?.get(0);
+            let triggers: i64 = tx
+                .query_one(TRIGGERS, &[&self.schema, &tables, &TRIGGER_NAMES.to_vec()])?
+                .get(0);
             let r = tx.query_one(
                 "SELECT (SELECT value FROM lethe_guard.meta WHERE key = 'version'),
                         (SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced),
@@ -259,18 +288,20 @@ impl Guard for PgGuard {
                 return Ok(true);
             }
             for t in &tables {
-                // Only a trigger of ours: named lethe_guard and calling a lethe_guard function.
-                let ours: i64 = tx
-                    .query_one(TRIGGERS, &[&self.schema, &vec![t.clone()]])?
-                    .get(0);
-                if ours > 0 {
-                    let sql: String = tx
-                        .query_one(
-                            "SELECT format('DROP TRIGGER lethe_guard ON %I.%I', $1::text, $2::text)",
-                            &[&self.schema, t],
-                        )?
+                for name in TRIGGER_NAMES {
+                    // Only a trigger of ours: so named and calling a lethe_guard function.
+                    let ours: i64 = tx
+                        .query_one(TRIGGERS, &[&self.schema, &vec![t.clone()], &vec![name]])?
                         .get(0);
-                    tx.batch_execute(&sql)?;
+                    if ours > 0 {
+                        let sql: String = tx
+                            .query_one(
+                                "SELECT format('DROP TRIGGER %I ON %I.%I', $1::text, $2::text, $3::text)",
+                                &[&name, &self.schema, t],
+                            )?
+                            .get(0);
+                        tx.batch_execute(&sql)?;
+                    }
                 }
             }
             let left: i64 = tx
@@ -379,31 +410,51 @@ impl Guard for PgGuard {
     }
 
     fn open(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
-        let done = self.in_guard(|tx| {
-            match fence {
+        // The fence opens only up to the job's epoch, and one left closed with a later epoch
+        // is reported. Epochs come from one journal and a job's epoch is its owner's latest
+        // when it runs, so a later one was written by a journal this job's does not know: the
+        // guard is shared with another journal (a second deployment, a migrated journal).
+        // Succeeding there left the fence closed with no job to open it, every write of that
+        // owner refused for good, silently (guard review).
+        let later = self.in_guard(|tx| {
+            // The UPDATE runs whether or not the SELECT reads it (a data-modifying WITH); the
+            // two see disjoint rows (epoch <= $n, epoch > $n), so the SELECT's snapshot from
+            // before the UPDATE is the state after it.
+            let later = match fence {
                 Fence::Subject {
                     tenant,
                     subject,
                     epoch,
-                } => {
-                    tx.execute(
-                        "UPDATE lethe_guard.subject_fence SET fenced = false
-                          WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3",
-                        &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
-                    )?;
-                }
-                Fence::Tenant { tenant, epoch } => {
-                    tx.execute(
-                        "UPDATE lethe_guard.tenant_fence SET fenced = false
-                          WHERE owner = lethe_guard.tenant_owner($1) AND epoch <= $2",
-                        &[&tenant.as_str(), &(*epoch as i64)],
-                    )?;
-                }
-                Fence::Memory => {}
-            }
-            Ok(())
+                } => tx.query_one(
+                    "WITH opened AS (
+                         UPDATE lethe_guard.subject_fence SET fenced = false
+                          WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3 RETURNING 1)
+                     SELECT EXISTS (SELECT 1 FROM lethe_guard.subject_fence
+                                     WHERE owner = lethe_guard.subject_owner($1, $2) AND fenced AND epoch > $3)",
+                    &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
+                )?,
+                Fence::Tenant { tenant, epoch } => tx.query_one(
+                    "WITH opened AS (
+                         UPDATE lethe_guard.tenant_fence SET fenced = false
+                          WHERE owner = lethe_guard.tenant_owner($1) AND epoch <= $2 RETURNING 1)
+                     SELECT EXISTS (SELECT 1 FROM lethe_guard.tenant_fence
+                                     WHERE owner = lethe_guard.tenant_owner($1) AND fenced AND epoch > $2)",
+                    &[&tenant.as_str(), &(*epoch as i64)],
+                )?,
+                Fence::Memory => return Ok(false),
+            };
+            Ok(later.get::<_, bool>(0))
         })?;
-        Ok(done.is_some())
+        match later {
+            None => Ok(false),
+            Some(false) => Ok(true),
+            Some(true) => Err(self.failed(
+                "the guard's fence for this job's scope was closed with a later epoch than this job's, \
+                 so this job cannot open it: the guard is shared with another journal (a second \
+                 deployment or a migrated journal). Run every erasure for this database from one \
+                 journal; the fence stays closed until a job of the journal that closed it completes",
+            )),
+        }
     }
 }
 
