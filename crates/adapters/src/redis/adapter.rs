@@ -7,7 +7,7 @@ use std::time::Duration;
 use lethe_core::Scope;
 
 use super::layout::{glob_escape, prefixes_overlap, Template, Values};
-use super::resp::{slot, Addr, Auth, Nodes, Redirect, Reply};
+use super::resp::{is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply};
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// How a subject's keys are found.
@@ -126,6 +126,17 @@ impl Redis {
         }
     }
 
+    /// A server's error reply to `what`: retryable when the server says it will answer later
+    /// (a cluster down or resharding, a server loading), a failure otherwise.
+    fn answered(&self, what: &str, e: &str) -> AdapterError {
+        let why = format!("{what} answered: {}", shown_error(e));
+        if is_transient(e) {
+            self.unavailable(why)
+        } else {
+            self.failed(why)
+        }
+    }
+
     fn selection(&self, scope: &Scope) -> Result<Selection, AdapterError> {
         let inexpressible = |why: String| AdapterError::Inexpressible {
             target: self.name.clone(),
@@ -231,7 +242,10 @@ impl Redis {
                     Some([c, Reply::Array(Some(keys))]) => {
                         (c.bytes().unwrap_or(b"0").to_vec(), keys.clone())
                     }
-                    _ => return Err(self.failed("unexpected SCAN reply shape")),
+                    _ => match &reply {
+                        Reply::Error(e) => return Err(self.answered("SCAN", e)),
+                        _ => return Err(self.failed("unexpected SCAN reply shape")),
+                    },
                 };
                 // The exact re-check: a glob can only over-match if escaping failed; this makes
                 // sure nothing outside the prefix is ever unlinked.
@@ -281,9 +295,12 @@ impl Redis {
                     ],
                 )
                 .map_err(|e| self.unavailable(e))?;
-            let (next, members) = match reply.array() {
-                Some([c, Reply::Array(Some(m))]) => (c.bytes().unwrap_or(b"0").to_vec(), m.clone()),
-                _ if matches!(reply, Reply::Error(_)) => {
+            let (next, members) = match (&reply, reply.array()) {
+                (_, Some([c, Reply::Array(Some(m))])) => {
+                    (c.bytes().unwrap_or(b"0").to_vec(), m.clone())
+                }
+                (Reply::Error(e), _) if is_transient(e) => return Err(self.answered("SSCAN", e)),
+                (Reply::Error(_), _) => {
                     return Err(self.failed("the index set answered an error: is it a set?"))
                 }
                 _ => return Err(self.failed("unexpected SSCAN reply shape")),
@@ -336,7 +353,7 @@ impl Redis {
                         self.unavailable(e)
                     })?;
                 for ((_, i), r) in items.iter().zip(replies) {
-                    out[*i] = match &r {
+                    let r = match &r {
                         Reply::Error(e) if super::resp::redirect(e).is_some() => {
                             if let Some(Redirect::Moved(s, a)) = super::resp::redirect(e) {
                                 nodes.set_owner(s, a);
@@ -345,15 +362,13 @@ impl Redis {
                                 .keyed(&keys[*i], &[cmd, keys[*i].as_slice()])
                                 .map_err(|e| self.unavailable(e))?
                         }
-                        Reply::Error(e) => {
-                            return Err(self.failed(format!(
-                                "{} answered: {}",
-                                String::from_utf8_lossy(cmd),
-                                super::resp::shown_error(e)
-                            )))
-                        }
                         _ => r,
                     };
+                    // Also after a redirect: an error is never taken for "no such key".
+                    if let Reply::Error(e) = &r {
+                        return Err(self.answered(&String::from_utf8_lossy(cmd), e));
+                    }
+                    out[*i] = r;
                 }
             }
         }
@@ -387,8 +402,11 @@ impl Redis {
                     nodes.forget(&node);
                     self.unavailable(e)
                 })?;
-            match reply.first().and_then(Reply::int) {
-                Some(k) if k >= 0 => n += k as u64,
+            match reply.first() {
+                Some(Reply::Int(k)) if *k >= 0 => n += *k as u64,
+                Some(Reply::Error(e)) => {
+                    return Err(self.answered(&String::from_utf8_lossy(cmd), e))
+                }
                 _ => {
                     return Err(self.failed(format!(
                         "{} answered something other than a count",
@@ -529,7 +547,7 @@ impl Adapter for Redis {
                     self.unavailable(e)
                 })?;
             if let Reply::Error(e) = r {
-                return Err(self.failed(format!("PING answered {}", super::resp::shown_error(&e))));
+                return Err(self.answered("PING", &e));
             }
         }
         Ok(())
@@ -586,12 +604,15 @@ impl Adapter for Redis {
         ) = (&sel, keys.is_empty())
         {
             // Tidy the index: it must not keep listing an erased memory's key (not a row).
-            nodes
+            let r = nodes
                 .keyed(
                     index.as_bytes(),
                     &[b"SREM", index.as_bytes(), key.as_bytes()],
                 )
                 .map_err(|e| self.unavailable(e))?;
+            if let Reply::Error(e) = &r {
+                return Err(self.answered("SREM", e));
+            }
         }
         // The index set last, after the keys it lists.
         n += self

@@ -325,7 +325,6 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
     crc16(tagged.unwrap_or(key)) % 16384
 }
 
-/// A redirect in an error reply.
 /// A server's error reply, for a message: its words up to the first quoted argument. Some
 /// errors quote the command's arguments (`ERR unknown command 'UNLINK', with args beginning
 /// with: '<key>'`), and a key names a person.
@@ -339,6 +338,18 @@ pub(crate) fn shown_error(e: &str) -> String {
     }
 }
 
+/// Whether an error reply says the server will answer later: a cluster that is down or
+/// reconfiguring (`CLUSTERDOWN`, `TRYAGAIN`), a server still loading its data (`LOADING`), a
+/// replica cut from its primary (`MASTERDOWN`). The job blocks (`target_unavailable`) and a
+/// rerun finishes; any other error reply is a failure.
+pub(crate) fn is_transient(e: &str) -> bool {
+    matches!(
+        e.split_whitespace().next(),
+        Some("CLUSTERDOWN" | "TRYAGAIN" | "LOADING" | "MASTERDOWN")
+    )
+}
+
+/// A redirect in an error reply.
 pub(crate) enum Redirect {
     Moved(u16, Addr),
     Ask(Addr),

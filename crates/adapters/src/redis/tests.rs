@@ -63,6 +63,8 @@ struct Space {
     tls: bool,
     nodes: std::cell::RefCell<Nodes>,
     owners: HashMap<Vec<u8>, (String, String)>,
+    /// A private cluster's seed URLs (`Private`), instead of the shared cluster's.
+    urls: Option<Vec<String>>,
 }
 
 impl Space {
@@ -72,6 +74,22 @@ impl Space {
 
     fn tls() -> Self {
         Self::make(false, true)
+    }
+
+    /// On a private cluster (`Private`).
+    fn private(c: &Private) -> Self {
+        let mut space = Self::make(true, false);
+        let seeds = c.urls().iter().map(|u| addr(u)).collect();
+        let auth = Auth {
+            username: None,
+            password: None,
+            db: 0,
+            tls: None,
+        };
+        space.nodes =
+            std::cell::RefCell::new(Nodes::new(seeds, true, auth, Duration::from_secs(5)));
+        space.urls = Some(c.urls());
+        space
     }
 
     fn make(cluster: bool, tls: bool) -> Self {
@@ -106,6 +124,7 @@ impl Space {
             tls,
             nodes: std::cell::RefCell::new(nodes),
             owners: HashMap::new(),
+            urls: None,
         }
     }
 
@@ -211,7 +230,9 @@ impl Space {
         } else if self.cluster {
             format!(
                 "nodes = [{}]",
-                cluster_nodes()
+                self.urls
+                    .clone()
+                    .unwrap_or_else(cluster_nodes)
                     .iter()
                     .map(|n| format!("\"{n}\""))
                     .collect::<Vec<_>>()
@@ -890,4 +911,218 @@ fn a_server_error_quoting_a_key_is_shown_without_it() {
         super::resp::shown_error("CROSSSLOT Keys in request don't hash to the same slot"),
         "CROSSSLOT Keys in request don't hash to the same slot"
     );
+}
+
+/// Throwaway cluster nodes for states the shared cluster must not be put in (a slot with no
+/// owner, a primary without slots, a reshard in the middle of a pass): `redis-server`
+/// processes on ports 7230-7239, each test its own ports, in a temporary folder; killed and
+/// removed on drop.
+struct Private {
+    ports: Vec<u16>,
+    children: Vec<std::process::Child>,
+    dir: std::path::PathBuf,
+}
+
+impl Private {
+    /// One cluster-enabled node per port, joined; `slots[i]` is the slot range node `i` serves
+    /// (`None`: a primary without slots). Returns once every node sees every node and all 16384
+    /// slots served.
+    fn start(ports: &[u16], slots: &[Option<(u16, u16)>]) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("lethe-redis-{}-{}", std::process::id(), ports[0]));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut me = Private {
+            ports: ports.to_vec(),
+            children: Vec::new(),
+            dir: dir.clone(),
+        };
+        for p in ports {
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(),
+                "port {p} is taken: these tests need 7230-7239 free"
+            );
+            let d = dir.join(p.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &p.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+                .args([
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .args(["--cluster-allow-replica-migration", "no"])
+                .arg("--dir")
+                .arg(&d)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            me.children.push(child);
+        }
+        me.wait("every node answers", |m| {
+            m.ports.iter().all(|p| m.try_call(*p, &[b"PING"]).is_some())
+        });
+        for (p, range) in ports.iter().zip(slots) {
+            if let Some((lo, hi)) = range {
+                me.call(
+                    *p,
+                    &[
+                        b"CLUSTER",
+                        b"ADDSLOTSRANGE",
+                        lo.to_string().as_bytes(),
+                        hi.to_string().as_bytes(),
+                    ],
+                );
+            }
+        }
+        for p in &ports[1..] {
+            me.call(
+                *p,
+                &[
+                    b"CLUSTER",
+                    b"MEET",
+                    b"127.0.0.1",
+                    ports[0].to_string().as_bytes(),
+                ],
+            );
+        }
+        let known = format!("cluster_known_nodes:{}", ports.len());
+        me.wait("the cluster is formed", |m| {
+            m.ports.iter().all(|p| {
+                let info = m.info(*p, b"CLUSTER", b"INFO");
+                info.contains("cluster_state:ok")
+                    && info.contains(&known)
+                    && info.contains("cluster_slots_ok:16384")
+            })
+        });
+        me
+    }
+
+    /// Polls a condition on the real servers, for at most 30 s.
+    fn wait(&self, what: &str, ok: impl Fn(&Self) -> bool) {
+        let start = std::time::Instant::now();
+        while !ok(self) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{what}: timed out"
+            );
+            // Waiting for real servers (a gossip round), not a clock a test could control.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_call(&self, port: u16, args: &[&[u8]]) -> Option<Reply> {
+        let auth = Auth {
+            username: None,
+            password: None,
+            db: 0,
+            tls: None,
+        };
+        let mut c =
+            super::resp::Conn::open(&("127.0.0.1".into(), port), &auth, Duration::from_secs(5))
+                .ok()?;
+        c.call(args).ok()
+    }
+
+    /// One command to one node, no redirect followed; an error reply fails the test.
+    fn call(&self, port: u16, args: &[&[u8]]) -> Reply {
+        let r = self.try_call(port, args).expect("the private node answers");
+        assert!(!matches!(r, Reply::Error(_)), "{r:?}");
+        r
+    }
+
+    fn info(&self, port: u16, a: &[u8], b: &[u8]) -> String {
+        match self.try_call(port, &[a, b]) {
+            Some(Reply::Bulk(Some(t))) => String::from_utf8_lossy(&t).into_owned(),
+            _ => String::new(),
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Error replies that say "later" (`CLUSTERDOWN` here, from a cluster with a slot nobody
+/// serves; likewise `TRYAGAIN`, `LOADING`, `MASTERDOWN`) block the job as unavailable, to be
+/// retried, instead of failing it; once the slot is served again the erase finishes, every
+/// other key kept byte for byte.
+#[test]
+fn a_cluster_that_is_down_is_unavailable_not_failed() {
+    let cluster = Private::start(&[7230], &[Some((0, 16383))]);
+    let mut space = Space::private(&cluster);
+    space.seed("acme", "alice");
+    space.seed("acme", "bob");
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target_with("scan", "verify = \"frozen\""),
+        with_index: false,
+    };
+    let alice = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != alice)
+            .collect()
+    };
+    let before = others();
+    let scope = subject("acme", "alice");
+    let a = case.adapter();
+    let inv = a.inventory(&scope).unwrap();
+    assert_eq!(inv.count, 7);
+    // One of alice's keys' slot loses its owner: the cluster answers CLUSTERDOWN.
+    let key = format!("{}:acme:alice:str", space.prefix);
+    let slot = super::resp::slot(key.as_bytes()).to_string();
+    cluster.call(7230, &[b"CLUSTER", b"DELSLOTS", slot.as_bytes()]);
+    for r in [
+        a.erase_batch(&scope, &inv.locators).map(|_| ()),
+        a.verify(&scope, &inv.locators).map(|_| ()),
+    ] {
+        match r {
+            Err(e @ AdapterError::Unavailable { .. }) => {
+                assert!(e.is_retryable());
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("CLUSTERDOWN") && !msg.contains("alice"),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
+    cluster.call(7230, &[b"CLUSTER", b"ADDSLOTS", slot.as_bytes()]);
+    cluster.wait("the slot is served again", |c| {
+        c.info(7230, b"CLUSTER", b"INFO")
+            .contains("cluster_state:ok")
+    });
+    assert_eq!(
+        a.erase_batch(&scope, &inv.locators).unwrap(),
+        7,
+        "a cluster that is down refuses every command: nothing went before"
+    );
+    assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 0);
+    assert_eq!(others(), before, "every other key kept, byte for byte");
 }
