@@ -550,6 +550,27 @@ impl Adapter for Redis {
                 return Err(self.answered("PING", &e));
             }
         }
+        if !nodes.is_cluster() {
+            // A `url` at one node of a cluster would erase only the keys of that node's slots
+            // and certify the rest away: refused (exit 2) before anything is read or erased.
+            let node = nodes.owner(0).map_err(|e| self.unavailable(e))?;
+            let info = nodes
+                .conn(&node)
+                .and_then(|c| c.call(&[b"INFO", b"cluster"]))
+                .map_err(|e| {
+                    nodes.forget(&node);
+                    self.unavailable(e)
+                })?;
+            if info
+                .bytes()
+                .is_some_and(|t| String::from_utf8_lossy(t).contains("cluster_enabled:1"))
+            {
+                return Err(self.failed(
+                    "this server is a cluster node: list the cluster's nodes with \
+                     `nodes = [...]` instead of `url`",
+                ));
+            }
+        }
         Ok(())
     }
 
