@@ -319,6 +319,68 @@ impl Redis {
         Ok(out)
     }
 
+    /// Removes `keys` from the index set, at most `pipeline` members an `SREM`.
+    fn srem(&self, nodes: &mut Nodes, index: &str, keys: &[Vec<u8>]) -> Result<(), AdapterError> {
+        for chunk in keys.chunks(self.pacing.pipeline) {
+            let mut cmd: Vec<&[u8]> = vec![b"SREM", index.as_bytes()];
+            cmd.extend(chunk.iter().map(Vec::as_slice));
+            let r = nodes
+                .keyed(index.as_bytes(), &cmd)
+                .map_err(|e| self.unavailable(e))?;
+            if let Reply::Error(e) = &r {
+                return Err(self.answered("SREM", e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index set, once the inventoried keys it lists are erased. It is removed only if
+    /// every key it still lists is gone (erased, expired, or unlinked by the application
+    /// without an `SREM`), and only if it still lists exactly those: checked and removed in
+    /// one script on the set's node. A set that lists a key that exists (one written and
+    /// listed after the inventory) stays, listing only such keys, and verify counts it and them
+    /// as residue. Returns 1 if this call removed the set.
+    ///
+    /// A writer that lists a key before writing it, between the existence check and the
+    /// script, leaves that key unlisted: `lethe verify --audit` scans for such keys.
+    fn finish_index(
+        &self,
+        nodes: &mut Nodes,
+        index: &str,
+        prefix: &str,
+    ) -> Result<u64, AdapterError> {
+        const UNLINK_IF_EXACTLY: &[u8] =
+            b"if redis.call('SCARD', KEYS[1]) ~= #ARGV then return 0 end \
+            for i = 1, #ARGV do \
+              if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 0 then return 0 end \
+            end \
+            return redis.call('UNLINK', KEYS[1])";
+        // Redis has no empty sets: no members, no set (a batch sent again).
+        let left: Vec<Vec<u8>> = self
+            .index_members(nodes, index, prefix)?
+            .into_iter()
+            .collect();
+        if left.is_empty() {
+            return Ok(0);
+        }
+        let live: BTreeSet<Vec<u8>> = self.existing(nodes, left.clone())?.into_iter().collect();
+        if !live.is_empty() {
+            let dead: Vec<Vec<u8>> = left.into_iter().filter(|k| !live.contains(k)).collect();
+            self.srem(nodes, index, &dead)?;
+            return Ok(0);
+        }
+        let mut cmd: Vec<&[u8]> = vec![b"EVAL", UNLINK_IF_EXACTLY, b"1", index.as_bytes()];
+        cmd.extend(left.iter().map(Vec::as_slice));
+        match nodes
+            .keyed(index.as_bytes(), &cmd)
+            .map_err(|e| self.unavailable(e))?
+        {
+            Reply::Int(n) => Ok(u64::from(n == 1)),
+            Reply::Error(e) => Err(self.answered("EVAL", &e)),
+            _ => Err(self.failed("the index script answered something other than a count")),
+        }
+    }
+
     /// Runs one single-key command per key, pipelined per owner node in slot order. A reply
     /// that redirects is retried alone, following MOVED and ASK.
     fn per_key(
@@ -616,31 +678,15 @@ impl Adapter for Redis {
                 .filter_map(Reply::int)
                 .sum::<i64>() as u64,
         };
-        if let (
-            Selection::Key {
-                key,
-                index: Some(index),
-            },
-            false,
-        ) = (&sel, keys.is_empty())
-        {
+        match (&sel, &index) {
             // Tidy the index: it must not keep listing an erased memory's key (not a row).
-            let r = nodes
-                .keyed(
-                    index.as_bytes(),
-                    &[b"SREM", index.as_bytes(), key.as_bytes()],
-                )
-                .map_err(|e| self.unavailable(e))?;
-            if let Reply::Error(e) = &r {
-                return Err(self.answered("SREM", e));
+            (Selection::Key { .. }, Some(index)) => self.srem(&mut nodes, index, &keys)?,
+            // The index set last, after the keys it lists.
+            (Selection::Prefix { .. }, Some(index)) if !sets.is_empty() => {
+                n += self.finish_index(&mut nodes, index, &prefix)?
             }
+            _ => {}
         }
-        // The index set last, after the keys it lists.
-        n += self
-            .per_key(&mut nodes, b"UNLINK", &sets)?
-            .iter()
-            .filter_map(Reply::int)
-            .sum::<i64>() as u64;
         let expected: u64 = batch.iter().map(|(_, r)| r).sum();
         if n > expected {
             return Err(AdapterError::AnomalousVolume {

@@ -7,7 +7,8 @@
 //!   then single-key `UNLINK`s pipelined per node in slot order: never `KEYS`, never `DEL`, no
 //!   multi-key command that could fail with `CROSSSLOT`.
 //! - **`mode = "index"`**: a per-subject set lists the subject's keys; erasing reads it in
-//!   pages (`SSCAN`) and unlinks the keys, then the set, without walking the keyspace. A tenant
+//!   pages (`SSCAN`) and unlinks the keys, then the set, without walking the keyspace; a set
+//!   that lists a key written after the inventory stays, and verify counts both. A tenant
 //!   scope has no such set, so it is scanned.
 //! - **Verify**: by default a second keyspace scan plus the frozen keys, which finds keys a
 //!   writer around the gate added after the inventory; `verify = "frozen"` checks only the

@@ -1126,3 +1126,65 @@ fn a_cluster_that_is_down_is_unavailable_not_failed() {
     assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 0);
     assert_eq!(others(), before, "every other key kept, byte for byte");
 }
+
+/// Index mode: a writer around the gate writes a key for alice and lists it in her index after
+/// the inventory. The erase takes only the inventoried keys out of the set, so the set stays,
+/// listing the late key, and verify counts both as residue (the job blocks, and a rerun's
+/// inventory erases them); where it unlinked the whole set, verify saw nothing and certified.
+/// Both layouts, in batches of 3; every other key kept byte for byte.
+#[test]
+fn a_key_listed_in_the_index_after_the_inventory_is_residue() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        space.seed("acme", "alice");
+        space.seed("acme", "bob");
+        let late = format!("{}:acme:alice:late", space.prefix);
+        let alice = ("acme".to_string(), "alice".to_string());
+        space
+            .owners
+            .insert(late.clone().into_bytes(), alice.clone());
+        let case = RedisCase {
+            space: &space,
+            adapter: space.target("index"),
+            with_index: true,
+        };
+        let others = || -> Vec<Row> {
+            case.snapshot()
+                .into_iter()
+                .filter(|r| r.owner != alice)
+                .collect()
+        };
+        let before = others();
+        let scope = subject("acme", "alice");
+        let a = case.adapter();
+        let inv = a.inventory(&scope).unwrap();
+        assert_eq!(inv.count, 8);
+        let index = space.index_key("acme", "alice");
+        space.cmd(&[b"SET", late.as_bytes(), b"written after the freeze"]);
+        space.cmd(&[b"SADD", index.as_bytes(), late.as_bytes()]);
+        let erased: u64 = inv
+            .locators
+            .chunks(3)
+            .map(|b| a.erase_batch(&scope, b).unwrap())
+            .sum();
+        assert_eq!(erased, 7, "cluster {cluster}: the keys; the set stays");
+        assert_eq!(
+            a.verify(&scope, &inv.locators).unwrap(),
+            2,
+            "cluster {cluster}: the late key and the set that lists it"
+        );
+        let members = space.cmd(&[b"SMEMBERS", index.as_bytes()]);
+        assert_eq!(
+            members.array().unwrap().to_vec(),
+            vec![Reply::Bulk(Some(late.clone().into_bytes()))]
+        );
+        assert_eq!(others(), before, "cluster {cluster}: others kept");
+        // The rerun's inventory: the late key and the set, then nothing.
+        let again = a.inventory(&scope).unwrap();
+        assert_eq!(again.count, 2);
+        assert_eq!(a.erase_batch(&scope, &again.locators).unwrap(), 2);
+        assert_eq!(a.verify(&scope, &again.locators).unwrap(), 0);
+        assert_eq!(others(), before, "cluster {cluster}: others kept");
+        cleanup(&space);
+    }
+}
