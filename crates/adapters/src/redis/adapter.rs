@@ -75,6 +75,10 @@ enum Selection {
     Prefix {
         prefix: String,
         index: Option<String>,
+        /// A tenant scope in index mode: its subjects' index sets are keys starting with this
+        /// prefix (`idx:acme:` for `idx:{tenant}:{subject}`), each re-checked against the
+        /// exact layout (`Redis::is_index_set`). `None` where the pattern's prefix holds them.
+        index_sets: Option<String>,
     },
     /// One key.
     Key { key: String, index: Option<String> },
@@ -183,11 +187,21 @@ impl Redis {
             Scope::Subject { .. } => Selection::Prefix {
                 prefix: self.pattern.expand(&v, false).map_err(inexpressible)?,
                 index,
+                index_sets: None,
             },
-            Scope::Tenant { .. } => Selection::Prefix {
-                prefix: self.pattern.expand(&v, true).map_err(inexpressible)?,
-                index: None,
-            },
+            Scope::Tenant { .. } => {
+                let prefix = self.pattern.expand(&v, true).map_err(inexpressible)?;
+                let index_sets = match &self.mode {
+                    Mode::Index(t) => Some(t.expand(&v, true).map_err(inexpressible)?)
+                        .filter(|sets| !sets.starts_with(&prefix)),
+                    Mode::Scan => None,
+                };
+                Selection::Prefix {
+                    prefix,
+                    index: None,
+                    index_sets,
+                }
+            }
             Scope::Memory { memory, .. } => {
                 let t = self.memory.as_ref().ok_or_else(|| {
                     inexpressible("no `memory` key template is configured".into())
@@ -212,6 +226,26 @@ impl Redis {
                 Selection::Key { key, index }
             }
         })
+    }
+
+    /// Whether `key` is exactly the index set of one of `tenant`'s subjects: it reads as the
+    /// index layout for a subject that the pattern and the index can both express, and that
+    /// subject's set is this very key.
+    fn is_index_set(&self, tenant: &str, key: &[u8]) -> bool {
+        let (Mode::Index(t), Ok(key)) = (&self.mode, std::str::from_utf8(key)) else {
+            return false;
+        };
+        let Some(subject) = t.subject_in(tenant, key) else {
+            return false;
+        };
+        let v = Values {
+            tenant,
+            subject: Some(subject),
+            memory: None,
+        };
+        lethe_core::Subject::new(subject).is_ok()
+            && self.pattern.expand(&v, false).is_ok()
+            && t.expand(&v, false).is_ok_and(|k| k == key)
     }
 
     /// `SCAN MATCH prefix*` on every primary; keys re-checked against the exact prefix.
@@ -505,20 +539,31 @@ impl Redis {
             .collect())
     }
 
-    /// Keys of the scope that exist now, and whether its index set exists.
+    /// Keys of the scope that exist now, and the index sets among them: a subject's own set,
+    /// or a tenant's subjects' sets.
     fn keys(
         &self,
         nodes: &mut Nodes,
+        scope: &Scope,
         sel: &Selection,
-    ) -> Result<(Vec<Vec<u8>>, Option<String>), AdapterError> {
+    ) -> Result<(Vec<Vec<u8>>, Vec<String>), AdapterError> {
         match sel {
             Selection::Prefix {
                 prefix,
                 index: None,
-            } => Ok((self.scan(nodes, prefix)?.into_iter().collect(), None)),
+                index_sets,
+            } => {
+                let keys = self.scan(nodes, prefix)?.into_iter().collect();
+                let sets = match index_sets {
+                    Some(p) => self.index_sets(nodes, scope, p)?,
+                    None => Vec::new(),
+                };
+                Ok((keys, sets))
+            }
             Selection::Prefix {
                 prefix,
                 index: Some(index),
+                ..
             } => {
                 let members = self
                     .index_members(nodes, index, prefix)?
@@ -527,13 +572,34 @@ impl Redis {
                 let set = self.existing(nodes, vec![index.as_bytes().to_vec()])?;
                 Ok((
                     self.existing(nodes, members)?,
-                    (!set.is_empty()).then(|| index.clone()),
+                    (!set.is_empty())
+                        .then(|| index.clone())
+                        .into_iter()
+                        .collect(),
                 ))
             }
-            Selection::Key { key, .. } => {
-                Ok((self.existing(nodes, vec![key.as_bytes().to_vec()])?, None))
-            }
+            Selection::Key { key, .. } => Ok((
+                self.existing(nodes, vec![key.as_bytes().to_vec()])?,
+                Vec::new(),
+            )),
         }
+    }
+
+    /// A tenant's subjects' index sets: a scan of the index layout's tenant prefix, each key
+    /// re-checked against the exact layout.
+    fn index_sets(
+        &self,
+        nodes: &mut Nodes,
+        scope: &Scope,
+        prefix: &str,
+    ) -> Result<Vec<String>, AdapterError> {
+        let tenant = scope.tenant().as_str();
+        Ok(self
+            .scan(nodes, prefix)?
+            .into_iter()
+            .filter(|k| self.is_index_set(tenant, k))
+            .filter_map(|k| String::from_utf8(k).ok())
+            .collect())
     }
 }
 
@@ -639,22 +705,29 @@ impl Adapter for Redis {
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
         let sel = self.selection(scope)?;
         let mut nodes = self.lock();
-        let (keys, index) = self.keys(&mut nodes, &sel)?;
+        let (keys, sets) = self.keys(&mut nodes, scope, &sel)?;
         let mut locators: Vec<Locator> = keys.iter().map(|k| (hex_locator(KEY, k), 1)).collect();
-        if let Some(i) = index {
-            locators.push((hex_locator(INDEX, i.as_bytes()), 1));
-        }
+        locators.extend(sets.iter().map(|i| (hex_locator(INDEX, i.as_bytes()), 1)));
         Ok(Inventory::from_locators(locators))
     }
 
     fn erase_batch(&self, scope: &Scope, batch: &[Locator]) -> Result<u64, AdapterError> {
         let sel = self.selection(scope)?;
         let (prefix, index) = match &sel {
-            Selection::Prefix { prefix, index } => (prefix.clone(), index.clone()),
+            Selection::Prefix { prefix, index, .. } => (prefix.clone(), index.clone()),
             Selection::Key { key, index } => (key.clone(), index.clone()),
         };
         let mut keys = Vec::new();
         let mut sets = Vec::new();
+        // A tenant scope's subjects' index sets, each re-checked against the exact layout.
+        let mut tenant_sets = Vec::new();
+        let tenant_scope = matches!(
+            sel,
+            Selection::Prefix {
+                index_sets: Some(_),
+                ..
+            }
+        );
         for (loc, _) in batch {
             let (kind, hex) = loc.split_at(2.min(loc.len()));
             let key = unhex(hex)
@@ -664,6 +737,9 @@ impl Adapter for Redis {
                 KEY if key.starts_with(prefix.as_bytes()) => keys.push(key),
                 INDEX if index.as_deref().map(str::as_bytes) == Some(key.as_slice()) => {
                     sets.push(key)
+                }
+                INDEX if tenant_scope && self.is_index_set(scope.tenant().as_str(), &key) => {
+                    tenant_sets.push(key)
                 }
                 _ => return Err(self.failed("a frozen locator lies outside the scope")),
             }
@@ -687,6 +763,13 @@ impl Adapter for Redis {
             }
             _ => {}
         }
+        // A tenant's erase takes every key of the tenant, and its verify scans again, so the
+        // sets go whole (after the keys they list).
+        n += self
+            .per_key(&mut nodes, b"UNLINK", &tenant_sets)?
+            .iter()
+            .filter_map(Reply::int)
+            .sum::<i64>() as u64;
         let expected: u64 = batch.iter().map(|(_, r)| r).sum();
         if n > expected {
             return Err(AdapterError::AnomalousVolume {
@@ -703,8 +786,12 @@ impl Adapter for Redis {
         if matches!(self.mode, Mode::Scan) && self.verify == Verify::Scan {
             return Ok(None);
         }
-        let (prefix, index) = match self.selection(scope)? {
-            Selection::Prefix { prefix, index } => (prefix, index),
+        let (prefix, index, index_sets) = match self.selection(scope)? {
+            Selection::Prefix {
+                prefix,
+                index,
+                index_sets,
+            } => (prefix, index, index_sets),
             // One key: a scan of it as a prefix would also count `...:mem:10` for `...:mem:1`.
             Selection::Key { key, .. } => {
                 let mut nodes = self.lock();
@@ -713,13 +800,18 @@ impl Adapter for Redis {
             }
         };
         let mut nodes = self.lock();
-        // The keyspace scan, as scan mode's default verify runs it; plus the index set itself.
+        // The keyspace scan, as scan mode's default verify runs it; plus the index set itself,
+        // or a tenant's subjects' index sets.
         let keys = self.scan(&mut nodes, &prefix)?;
         let index = match index {
             Some(i) => self.existing(&mut nodes, vec![i.into_bytes()])?.len() as u64,
             None => 0,
         };
-        Ok(Some(keys.len() as u64 + index))
+        let sets = match index_sets {
+            Some(p) => self.index_sets(&mut nodes, scope, &p)?.len() as u64,
+            None => 0,
+        };
+        Ok(Some(keys.len() as u64 + index + sets))
     }
 
     fn batch_size(&self) -> Option<usize> {
@@ -733,18 +825,18 @@ impl Adapter for Redis {
             .iter()
             .filter_map(|(l, _)| l.strip_prefix(KEY).and_then(unhex))
             .collect();
-        let (mut keys, index) = match (&self.mode, self.verify, &sel) {
+        let (mut keys, sets) = match (&self.mode, self.verify, &sel) {
             // One keyspace pass per job: only the frozen keys are looked up. A memory scope is
             // one key, looked up either way; a standalone `lethe verify` (no frozen keys) still
             // scans, since it has nothing else to check.
             (Mode::Scan, Verify::Frozen, Selection::Prefix { .. }) if !frozen.is_empty() => {
-                (Vec::new(), None)
+                (Vec::new(), Vec::new())
             }
-            _ => self.keys(&mut nodes, &sel)?,
+            _ => self.keys(&mut nodes, scope, &sel)?,
         };
         keys.extend(self.existing(&mut nodes, frozen_keys)?);
         keys.sort();
         keys.dedup();
-        Ok(keys.len() as u64 + u64::from(index.is_some()))
+        Ok((keys.len() + sets.len()) as u64)
     }
 }

@@ -9,7 +9,8 @@
 //! - **`mode = "index"`**: a per-subject set lists the subject's keys; erasing reads it in
 //!   pages (`SSCAN`) and unlinks the keys, then the set, without walking the keyspace; a set
 //!   that lists a key written after the inventory stays, and verify counts both. A tenant
-//!   scope has no such set, so it is scanned.
+//!   scope is scanned, and so are its subjects' index sets (the index layout's tenant prefix,
+//!   each key re-checked against the exact layout).
 //! - **Verify**: by default a second keyspace scan plus the frozen keys, which finds keys a
 //!   writer around the gate added after the inventory; `verify = "frozen"` checks only the
 //!   frozen keys (one keyspace pass per job) and leaves the scan to `lethe verify --audit`.

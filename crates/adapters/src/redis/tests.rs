@@ -1188,3 +1188,33 @@ fn a_key_listed_in_the_index_after_the_inventory_is_residue() {
         cleanup(&space);
     }
 }
+
+/// Index mode, tenant scope: the tenant's keys are scanned, and so are its subjects' index sets
+/// (`idx:{acme}:*` here), each re-checked against the exact layout, so they are inventoried,
+/// erased and verified too, where they were left behind under a certificate. A key under the
+/// index prefix that no expressible subject owns (`idx:{acme}:eu:bob`: the pattern refuses
+/// `eu:bob`) and the neighbour tenant's sets stay, byte for byte. Both layouts.
+#[test]
+fn index_mode_tenant_scope_erases_the_tenants_index_sets() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        for (t, s) in SUBJECTS {
+            space.seed(t, s);
+        }
+        let decoy = space.index_key("acme", "eu:bob");
+        space.cmd(&[b"SADD", decoy.as_bytes(), b"x"]);
+        let case = RedisCase {
+            space: &space,
+            adapter: space.target("index"),
+            with_index: true,
+        };
+        let tenant = Scope::Tenant {
+            tenant: Tenant::new("acme").unwrap(),
+        };
+        let out = conformance::run(&case, &tenant, &|o| o.0 == "acme", 5);
+        assert_eq!(out.inventoried, 8 * 8, "cluster {cluster}: keys and sets");
+        assert_eq!(case.adapter().audit(&tenant).unwrap(), Some(0));
+        assert_eq!(space.cmd(&[b"EXISTS", decoy.as_bytes()]).int(), Some(1));
+        cleanup(&space);
+    }
+}
