@@ -1218,3 +1218,76 @@ fn index_mode_tenant_scope_erases_the_tenants_index_sets() {
         cleanup(&space);
     }
 }
+
+/// A primary that serves no slot can still hold keys: here one of alice's keys was migrated to
+/// it and the migration then abandoned (`SETSLOT STABLE`), on a private cluster of two
+/// primaries. Every primary `CLUSTER NODES` lists is scanned, so the inventory counts the key
+/// and verify finds it left (residue: the cluster routes its slot elsewhere, so it cannot be
+/// unlinked), where the pass saw only slot owners and certified it away. Every other key kept
+/// byte for byte.
+#[test]
+fn a_primary_without_slots_is_scanned_too() {
+    let cluster = Private::start(&[7231, 7232], &[Some((0, 16383)), None]);
+    let mut space = Space::private(&cluster);
+    space.seed("acme", "alice");
+    space.seed("acme", "bob");
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target("scan"),
+        with_index: false,
+    };
+    let alice = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != alice)
+            .collect()
+    };
+    let before = others();
+    let key = format!("{}:acme:alice:str", space.prefix);
+    let slot = super::resp::slot(key.as_bytes()).to_string();
+    let id = |p: u16| {
+        cluster
+            .call(p, &[b"CLUSTER", b"MYID"])
+            .bytes()
+            .unwrap()
+            .to_vec()
+    };
+    let (from, to) = (id(7231), id(7232));
+    cluster.call(
+        7232,
+        &[b"CLUSTER", b"SETSLOT", slot.as_bytes(), b"IMPORTING", &from],
+    );
+    cluster.call(
+        7231,
+        &[b"CLUSTER", b"SETSLOT", slot.as_bytes(), b"MIGRATING", &to],
+    );
+    cluster.call(
+        7231,
+        &[
+            b"MIGRATE",
+            b"127.0.0.1",
+            b"7232",
+            b"",
+            b"0",
+            b"5000",
+            b"KEYS",
+            key.as_bytes(),
+        ],
+    );
+    for p in [7231, 7232] {
+        cluster.call(p, &[b"CLUSTER", b"SETSLOT", slot.as_bytes(), b"STABLE"]);
+    }
+    assert_eq!(
+        cluster.call(7232, &[b"DBSIZE"]).int(),
+        Some(1),
+        "the key sits on the primary without slots"
+    );
+    let scope = subject("acme", "alice");
+    let a = case.adapter();
+    let inv = a.inventory(&scope).unwrap();
+    assert_eq!(inv.count, 7, "the key on the primary without slots counts");
+    assert_eq!(a.erase_batch(&scope, &inv.locators).unwrap(), 6);
+    assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 1, "residue");
+    assert_eq!(others(), before, "every other key kept, byte for byte");
+}
