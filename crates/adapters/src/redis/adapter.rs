@@ -68,6 +68,10 @@ const KEY: &str = "k:";
 /// `COUNT` of each `SSCAN` of an index set.
 const INDEX_PAGE: u32 = 1000;
 const INDEX: &str = "z:";
+/// Keyspace passes on a cluster before a topology that keeps moving makes the target
+/// unavailable, and the wait after the first (twice as long after the second, ...).
+const PASSES: u32 = 6;
+const RESHARD_WAIT: Duration = Duration::from_millis(250);
 
 /// What a scope names in this layout.
 enum Selection {
@@ -249,15 +253,52 @@ impl Redis {
     }
 
     /// `SCAN MATCH prefix*` on every primary; keys re-checked against the exact prefix.
+    ///
+    /// On a cluster, a key whose slot moves during the pass, from a node not yet scanned to one
+    /// already scanned, is seen on neither: the pass counts only if the topology (every
+    /// primary's slots, migrating and importing ones included) was the same before and after
+    /// it, with no slot moving. Otherwise it passes again, a few times, and then the target is
+    /// unavailable (retryable) until the resharding ends.
     fn scan(&self, nodes: &mut Nodes, prefix: &str) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+        if !nodes.is_cluster() {
+            let all = nodes.primaries().map_err(|e| self.unavailable(e))?;
+            return self.pass(nodes, &all, prefix);
+        }
+        for attempt in 1..=PASSES {
+            let before = nodes.topology().map_err(|e| self.unavailable(e))?;
+            if !before.is_moving() {
+                let keys = self.pass(nodes, &before.primaries(), prefix)?;
+                if nodes.topology().map_err(|e| self.unavailable(e))? == before {
+                    return Ok(keys);
+                }
+            }
+            if attempt < PASSES {
+                // Waiting for a real cluster's resharding, not a clock a test controls.
+                #[allow(clippy::disallowed_methods)]
+                std::thread::sleep(RESHARD_WAIT * attempt);
+            }
+        }
+        Err(self.unavailable(format!(
+            "the cluster's slots moved during each of {PASSES} keyspace passes, or a slot is \
+             migrating: retry once the resharding has ended"
+        )))
+    }
+
+    /// One `SCAN MATCH prefix*` over each of `primaries`.
+    fn pass(
+        &self,
+        nodes: &mut Nodes,
+        primaries: &[Addr],
+        prefix: &str,
+    ) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
         let pattern = format!("{}*", glob_escape(prefix));
         let count = self.pacing.scan_count.to_string();
         let mut out = BTreeSet::new();
-        for node in nodes.primaries().map_err(|e| self.unavailable(e))? {
+        for node in primaries {
             let mut cursor = b"0".to_vec();
             loop {
                 let reply = nodes
-                    .conn(&node)
+                    .conn(node)
                     .and_then(|c| {
                         c.call(&[
                             b"SCAN",
@@ -269,7 +310,7 @@ impl Redis {
                         ])
                     })
                     .map_err(|e| {
-                        nodes.forget(&node);
+                        nodes.forget(node);
                         self.unavailable(e)
                     })?;
                 let (next, keys) = match reply.array() {

@@ -17,7 +17,8 @@
 //! - **Pacing**: `scan_count` (default 100) bounds how long one `SCAN` holds Redis's single
 //!   thread; `scan_pause_ms` and `pipeline` leave other clients more room.
 //! - **Redirects** (`resp`): `MOVED` and `ASK` during resharding are followed; a node that does
-//!   not answer is a retryable error, so the job blocks and a rerun finishes.
+//!   not answer is a retryable error, so the job blocks and a rerun finishes. A cluster's
+//!   keyspace pass counts only if the topology held still through it (`Redis::scan`).
 //! - **TLS** (`resp`): `rediss://` over OpenSSL, the certificate chain and host always verified.
 //!
 //! Locators: `k:<hex key>` for a key, `z:<hex key>` for the index set (sorted last).

@@ -388,6 +388,24 @@ fn masters(text: &str, seed: &str) -> (Vec<Addr>, usize) {
     (up, down)
 }
 
+/// Every primary of a cluster and its own slots field of `CLUSTER NODES` (ranges, and
+/// `[slot->-id]` / `[slot-<-id]` for a slot it migrates or imports).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Topology(Vec<(Addr, String)>);
+
+impl Topology {
+    /// The primaries to scan.
+    pub(crate) fn primaries(&self) -> Vec<Addr> {
+        self.0.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// Whether a slot is migrating or importing: its keys are moving from one node to
+    /// another, so a pass may see a key on neither.
+    pub(crate) fn is_moving(&self) -> bool {
+        self.0.iter().any(|(_, slots)| slots.contains('['))
+    }
+}
+
 /// A redirect in an error reply.
 pub(crate) enum Redirect {
     Moved(u16, Addr),
@@ -542,7 +560,34 @@ impl Nodes {
         Ok(p)
     }
 
-    /// The node that owns a slot.
+    /// What a cluster's keyspace pass depends on: every primary and the slots it says it
+    /// serves, migrates or imports, as each says it itself (a migration shows only in the
+    /// migrating and the importing node's own `myself` line).
+    pub(crate) fn topology(&mut self) -> Result<Topology, String> {
+        let mut out = Vec::new();
+        for node in self.primaries()? {
+            let reply = self
+                .conn(&node)
+                .and_then(|c| c.call(&[b"CLUSTER", b"NODES"]))
+                .inspect_err(|_| self.forget(&node))?;
+            let text = match reply {
+                Reply::Bulk(Some(t)) => String::from_utf8_lossy(&t).into_owned(),
+                _ => return Err("CLUSTER NODES answered something other than text".into()),
+            };
+            let own = text
+                .lines()
+                .find(|l| {
+                    l.split_whitespace()
+                        .nth(2)
+                        .is_some_and(|f| f.contains("myself"))
+                })
+                .map(|l| l.split_whitespace().skip(8).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default();
+            out.push((node, own));
+        }
+        Ok(Topology(out))
+    }
+
     /// Whether this is a cluster (keys of one command must then share a slot).
     pub(crate) fn is_cluster(&self) -> bool {
         self.cluster

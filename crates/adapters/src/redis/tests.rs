@@ -1291,3 +1291,144 @@ fn a_primary_without_slots_is_scanned_too() {
     assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 1, "residue");
     assert_eq!(others(), before, "every other key kept, byte for byte");
 }
+
+/// A slot moves during the inventory's keyspace pass, from the last primary (not yet scanned)
+/// to the first (already scanned), on a private three-primary cluster: alice's key in it was
+/// on neither node when each was scanned. The pass reads the topology before and after and
+/// passes again, so the inventory counts the key, and `verify = "frozen"` (which looks only at
+/// the frozen keys) has it to check; where one pass was taken as complete, the key stayed
+/// under a certificate. While a slot is left migrating, a pass cannot be complete: after a few
+/// tries the target is unavailable (retryable). Every other key kept byte for byte.
+#[test]
+fn a_slot_moved_during_the_pass_makes_it_pass_again() {
+    let ports = [7233, 7234, 7235];
+    let cluster = Private::start(
+        &ports,
+        &[Some((0, 5460)), Some((5461, 10922)), Some((10923, 16383))],
+    );
+    let mut space = Space::private(&cluster);
+    let mut alice = Vec::new();
+    for i in 0..20 {
+        let key = format!("{}:acme:alice:k{i}", space.prefix);
+        space.cmd(&[b"SET", key.as_bytes(), b"alice's"]);
+        space
+            .owners
+            .insert(key.clone().into_bytes(), ("acme".into(), "alice".into()));
+        alice.push(key);
+    }
+    // Filler keys of another subject make each node's pass last about a second.
+    let mut pipe: Vec<Vec<u8>> = Vec::new();
+    for i in 0..1500 {
+        let key = format!("{}:acme:bob:f{i}", space.prefix);
+        space
+            .owners
+            .insert(key.clone().into_bytes(), ("acme".into(), "bob".into()));
+        pipe.push(key.into_bytes());
+    }
+    for k in &pipe {
+        space.cmd(&[b"SET", k, b"bob's"]);
+    }
+    let key = alice
+        .iter()
+        .find(|k| super::resp::slot(k.as_bytes()) > 10922)
+        .expect("one of alice's keys on the last primary")
+        .clone();
+    let slot = super::resp::slot(key.as_bytes()).to_string();
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target_with("scan", "verify = \"frozen\"\nscan_pause_ms = 10"),
+        with_index: false,
+    };
+    let me = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != me)
+            .collect()
+    };
+    let before = others();
+    for p in [7234, 7235] {
+        cluster.call(p, &[b"CONFIG", b"RESETSTAT"]);
+    }
+    let scope = subject("acme", "alice");
+    let inv = std::thread::scope(|s| {
+        let mover = s.spawn(|| {
+            // Once the pass is on the middle node, the first is done and the last is not.
+            cluster.wait("the pass reaches the middle node", |c| {
+                c.info(7234, b"INFO", b"commandstats")
+                    .contains("cmdstat_scan:")
+            });
+            let id = |p: u16| {
+                cluster
+                    .call(p, &[b"CLUSTER", b"MYID"])
+                    .bytes()
+                    .unwrap()
+                    .to_vec()
+            };
+            let (to, from) = (id(7233), id(7235));
+            let s = slot.as_bytes();
+            cluster.call(7233, &[b"CLUSTER", b"SETSLOT", s, b"IMPORTING", &from]);
+            cluster.call(7235, &[b"CLUSTER", b"SETSLOT", s, b"MIGRATING", &to]);
+            let keys = cluster.call(7235, &[b"CLUSTER", b"GETKEYSINSLOT", s, b"1000"]);
+            let keys: Vec<Vec<u8>> = keys
+                .array()
+                .unwrap()
+                .iter()
+                .map(|k| k.bytes().unwrap().to_vec())
+                .collect();
+            let mut migrate: Vec<&[u8]> = vec![
+                b"MIGRATE",
+                b"127.0.0.1",
+                b"7233",
+                b"",
+                b"0",
+                b"5000",
+                b"KEYS",
+            ];
+            migrate.extend(keys.iter().map(Vec::as_slice));
+            cluster.call(7235, &migrate);
+            for p in [7233, 7235, 7234] {
+                cluster.call(p, &[b"CLUSTER", b"SETSLOT", s, b"NODE", &to]);
+            }
+            assert_eq!(
+                cluster
+                    .call(7235, &[b"INFO", b"commandstats"])
+                    .bytes()
+                    .map(|t| String::from_utf8_lossy(t).contains("cmdstat_scan:")),
+                Some(false),
+                "the slot left the last node before the pass reached it"
+            );
+        });
+        let inv = case.adapter().inventory(&scope);
+        mover.join().unwrap();
+        inv
+    })
+    .unwrap();
+    assert_eq!(inv.count, 20, "the key whose slot moved is counted");
+    let a = case.adapter();
+    assert_eq!(a.erase_batch(&scope, &inv.locators).unwrap(), 20);
+    assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 0);
+    assert_eq!(
+        cluster.call(7233, &[b"EXISTS", key.as_bytes()]).int(),
+        Some(0)
+    );
+    assert_eq!(others(), before, "every other key kept, byte for byte");
+    // A slot left migrating: no pass can be complete, so the target is unavailable.
+    let id = |p: u16| {
+        cluster
+            .call(p, &[b"CLUSTER", b"MYID"])
+            .bytes()
+            .unwrap()
+            .to_vec()
+    };
+    let s = b"100";
+    cluster.call(7234, &[b"CLUSTER", b"SETSLOT", s, b"IMPORTING", &id(7233)]);
+    match a.inventory(&scope) {
+        Err(e @ AdapterError::Unavailable { .. }) => {
+            assert!(e.to_string().contains("migrating"), "{e}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    cluster.call(7234, &[b"CLUSTER", b"SETSLOT", s, b"STABLE"]);
+    assert_eq!(a.inventory(&scope).unwrap().count, 0);
+}
