@@ -1329,7 +1329,6 @@ fn a_locked_store_blocks_the_job_and_resume_completes_it_once_the_lock_is_gone()
 
 /// One RESP command to the standalone Redis of `LETHE_REDIS_URL`, db 9; the reply's first line.
 fn redis_cmd(args: &[&str]) -> String {
-    use std::io::{BufRead, BufReader, Write};
     let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let hostport = url
         .trim_start_matches("redis://")
@@ -1337,9 +1336,15 @@ fn redis_cmd(args: &[&str]) -> String {
         .next()
         .unwrap()
         .to_string();
+    redis_at(&hostport, &[vec!["SELECT", "9"], args.to_vec()])
+}
+
+/// RESP commands to one Redis at `host:port`, pipelined; the last reply's first line.
+fn redis_at(hostport: &str, cmds: &[Vec<&str>]) -> String {
+    use std::io::{BufRead, BufReader, Write};
     let mut s = std::net::TcpStream::connect(hostport).expect("redis reachable (scripts/test)");
     let mut out = Vec::new();
-    for cmd in [vec!["SELECT", "9"], args.to_vec()] {
+    for cmd in cmds {
         out.extend(format!("*{}\r\n", cmd.len()).into_bytes());
         for a in cmd {
             out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
@@ -1348,10 +1353,57 @@ fn redis_cmd(args: &[&str]) -> String {
     s.write_all(&out).unwrap();
     let mut r = BufReader::new(s);
     let mut line = String::new();
-    r.read_line(&mut line).unwrap(); // SELECT's +OK
-    line.clear();
-    r.read_line(&mut line).unwrap();
+    for _ in cmds {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+    }
     line.trim_end().to_string()
+}
+
+/// A standalone `url` that reaches one node of a cluster would erase that node's keys only:
+/// the erase and the inventory exit 2 naming the target and saying to list the nodes, and
+/// nothing is journaled or touched (alice's key on that very node is still there).
+#[test]
+fn a_redis_url_at_a_cluster_node_exits_2_and_touches_nothing() {
+    let prefix = format!("ltnode{}", std::process::id());
+    let key = format!("{prefix}:acme:alice:a");
+    // The node that owns alice's key (the others answer MOVED): the one a misconfigured
+    // `url` would have erased it on, and certified.
+    let seeds = std::env::var("LETHE_REDIS_CLUSTER_NODES").unwrap_or_else(|_| {
+        "redis://127.0.0.1:7101 redis://127.0.0.1:7102 redis://127.0.0.1:7103".into()
+    });
+    let owner = seeds
+        .split_whitespace()
+        .map(|u| u.trim_start_matches("redis://").to_string())
+        .find(|node| redis_at(node, &[vec!["SET", &key, "cached"]]) == "+OK")
+        .expect("one of the cluster's nodes owns the key's slot");
+    let config = CONFIG.replace("BATCH", "500")
+        + &format!(
+            "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://{owner}\"\npattern = \"{prefix}:{{tenant}}:{{subject}}:*\"\n"
+        );
+    let env = Env::with_config(&config);
+    let before = env.memory_bytes();
+    for args in [
+        &ERASE_ALICE[..],
+        &["inventory", "--tenant", "acme", "--subject", "alice"],
+    ] {
+        let out = env.run(args);
+        refused(&out, "session-cache");
+        refused(&out, "cluster node");
+        assert!(
+            !stderr(&out).contains("alice"),
+            "never echoes the identifier"
+        );
+    }
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+    assert_eq!(
+        redis_at(&owner, &[vec!["GET", &key]]),
+        "$6",
+        "alice's key kept"
+    );
+    redis_at(&owner, &[vec!["UNLINK", &key]]);
 }
 
 /// A writer around the gate sets a key for alice in Redis after her inventory. With the default

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lethe_core::Scope;
 
 use super::layout::{glob_escape, prefixes_overlap, Template, Values};
-use super::resp::{slot, Addr, Auth, Nodes, Redirect, Reply};
+use super::resp::{is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply};
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// How a subject's keys are found.
@@ -68,6 +68,10 @@ const KEY: &str = "k:";
 /// `COUNT` of each `SSCAN` of an index set.
 const INDEX_PAGE: u32 = 1000;
 const INDEX: &str = "z:";
+/// Keyspace passes on a cluster before a topology that keeps moving makes the target
+/// unavailable, and the wait after the first (twice as long after the second, ...).
+const PASSES: u32 = 6;
+const RESHARD_WAIT: Duration = Duration::from_millis(250);
 
 /// What a scope names in this layout.
 enum Selection {
@@ -75,6 +79,10 @@ enum Selection {
     Prefix {
         prefix: String,
         index: Option<String>,
+        /// A tenant scope in index mode: its subjects' index sets are keys starting with this
+        /// prefix (`idx:acme:` for `idx:{tenant}:{subject}`), each re-checked against the
+        /// exact layout (`Redis::is_index_set`). `None` where the pattern's prefix holds them.
+        index_sets: Option<String>,
     },
     /// One key.
     Key { key: String, index: Option<String> },
@@ -126,6 +134,17 @@ impl Redis {
         }
     }
 
+    /// A server's error reply to `what`: retryable when the server says it will answer later
+    /// (a cluster down or resharding, a server loading), a failure otherwise.
+    fn answered(&self, what: &str, e: &str) -> AdapterError {
+        let why = format!("{what} answered: {}", shown_error(e));
+        if is_transient(e) {
+            self.unavailable(why)
+        } else {
+            self.failed(why)
+        }
+    }
+
     fn selection(&self, scope: &Scope) -> Result<Selection, AdapterError> {
         let inexpressible = |why: String| AdapterError::Inexpressible {
             target: self.name.clone(),
@@ -172,11 +191,21 @@ impl Redis {
             Scope::Subject { .. } => Selection::Prefix {
                 prefix: self.pattern.expand(&v, false).map_err(inexpressible)?,
                 index,
+                index_sets: None,
             },
-            Scope::Tenant { .. } => Selection::Prefix {
-                prefix: self.pattern.expand(&v, true).map_err(inexpressible)?,
-                index: None,
-            },
+            Scope::Tenant { .. } => {
+                let prefix = self.pattern.expand(&v, true).map_err(inexpressible)?;
+                let index_sets = match &self.mode {
+                    Mode::Index(t) => Some(t.expand(&v, true).map_err(inexpressible)?)
+                        .filter(|sets| !sets.starts_with(&prefix)),
+                    Mode::Scan => None,
+                };
+                Selection::Prefix {
+                    prefix,
+                    index: None,
+                    index_sets,
+                }
+            }
             Scope::Memory { memory, .. } => {
                 let t = self.memory.as_ref().ok_or_else(|| {
                     inexpressible("no `memory` key template is configured".into())
@@ -203,16 +232,73 @@ impl Redis {
         })
     }
 
+    /// Whether `key` is exactly the index set of one of `tenant`'s subjects: it reads as the
+    /// index layout for a subject that the pattern and the index can both express, and that
+    /// subject's set is this very key.
+    fn is_index_set(&self, tenant: &str, key: &[u8]) -> bool {
+        let (Mode::Index(t), Ok(key)) = (&self.mode, std::str::from_utf8(key)) else {
+            return false;
+        };
+        let Some(subject) = t.subject_in(tenant, key) else {
+            return false;
+        };
+        let v = Values {
+            tenant,
+            subject: Some(subject),
+            memory: None,
+        };
+        lethe_core::Subject::new(subject).is_ok()
+            && self.pattern.expand(&v, false).is_ok()
+            && t.expand(&v, false).is_ok_and(|k| k == key)
+    }
+
     /// `SCAN MATCH prefix*` on every primary; keys re-checked against the exact prefix.
+    ///
+    /// On a cluster, a key whose slot moves during the pass, from a node not yet scanned to one
+    /// already scanned, is seen on neither: the pass counts only if the topology (every
+    /// primary's slots, migrating and importing ones included) was the same before and after
+    /// it, with no slot moving. Otherwise it passes again, a few times, and then the target is
+    /// unavailable (retryable) until the resharding ends.
     fn scan(&self, nodes: &mut Nodes, prefix: &str) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+        if !nodes.is_cluster() {
+            let all = nodes.primaries().map_err(|e| self.unavailable(e))?;
+            return self.pass(nodes, &all, prefix);
+        }
+        for attempt in 1..=PASSES {
+            let before = nodes.topology().map_err(|e| self.unavailable(e))?;
+            if !before.is_moving() {
+                let keys = self.pass(nodes, &before.primaries(), prefix)?;
+                if nodes.topology().map_err(|e| self.unavailable(e))? == before {
+                    return Ok(keys);
+                }
+            }
+            if attempt < PASSES {
+                // Waiting for a real cluster's resharding, not a clock a test controls.
+                #[allow(clippy::disallowed_methods)]
+                std::thread::sleep(RESHARD_WAIT * attempt);
+            }
+        }
+        Err(self.unavailable(format!(
+            "the cluster's slots moved during each of {PASSES} keyspace passes, or a slot is \
+             migrating: retry once the resharding has ended"
+        )))
+    }
+
+    /// One `SCAN MATCH prefix*` over each of `primaries`.
+    fn pass(
+        &self,
+        nodes: &mut Nodes,
+        primaries: &[Addr],
+        prefix: &str,
+    ) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
         let pattern = format!("{}*", glob_escape(prefix));
         let count = self.pacing.scan_count.to_string();
         let mut out = BTreeSet::new();
-        for node in nodes.primaries().map_err(|e| self.unavailable(e))? {
+        for node in primaries {
             let mut cursor = b"0".to_vec();
             loop {
                 let reply = nodes
-                    .conn(&node)
+                    .conn(node)
                     .and_then(|c| {
                         c.call(&[
                             b"SCAN",
@@ -224,14 +310,17 @@ impl Redis {
                         ])
                     })
                     .map_err(|e| {
-                        nodes.forget(&node);
+                        nodes.forget(node);
                         self.unavailable(e)
                     })?;
                 let (next, keys) = match reply.array() {
                     Some([c, Reply::Array(Some(keys))]) => {
                         (c.bytes().unwrap_or(b"0").to_vec(), keys.clone())
                     }
-                    _ => return Err(self.failed("unexpected SCAN reply shape")),
+                    _ => match &reply {
+                        Reply::Error(e) => return Err(self.answered("SCAN", e)),
+                        _ => return Err(self.failed("unexpected SCAN reply shape")),
+                    },
                 };
                 // The exact re-check: a glob can only over-match if escaping failed; this makes
                 // sure nothing outside the prefix is ever unlinked.
@@ -281,9 +370,12 @@ impl Redis {
                     ],
                 )
                 .map_err(|e| self.unavailable(e))?;
-            let (next, members) = match reply.array() {
-                Some([c, Reply::Array(Some(m))]) => (c.bytes().unwrap_or(b"0").to_vec(), m.clone()),
-                _ if matches!(reply, Reply::Error(_)) => {
+            let (next, members) = match (&reply, reply.array()) {
+                (_, Some([c, Reply::Array(Some(m))])) => {
+                    (c.bytes().unwrap_or(b"0").to_vec(), m.clone())
+                }
+                (Reply::Error(e), _) if is_transient(e) => return Err(self.answered("SSCAN", e)),
+                (Reply::Error(_), _) => {
                     return Err(self.failed("the index set answered an error: is it a set?"))
                 }
                 _ => return Err(self.failed("unexpected SSCAN reply shape")),
@@ -300,6 +392,68 @@ impl Redis {
             }
         }
         Ok(out)
+    }
+
+    /// Removes `keys` from the index set, at most `pipeline` members an `SREM`.
+    fn srem(&self, nodes: &mut Nodes, index: &str, keys: &[Vec<u8>]) -> Result<(), AdapterError> {
+        for chunk in keys.chunks(self.pacing.pipeline) {
+            let mut cmd: Vec<&[u8]> = vec![b"SREM", index.as_bytes()];
+            cmd.extend(chunk.iter().map(Vec::as_slice));
+            let r = nodes
+                .keyed(index.as_bytes(), &cmd)
+                .map_err(|e| self.unavailable(e))?;
+            if let Reply::Error(e) = &r {
+                return Err(self.answered("SREM", e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index set, once the inventoried keys it lists are erased. It is removed only if
+    /// every key it still lists is gone (erased, expired, or unlinked by the application
+    /// without an `SREM`), and only if it still lists exactly those: checked and removed in
+    /// one script on the set's node. A set that lists a key that exists (one written and
+    /// listed after the inventory) stays, listing only such keys, and verify counts it and them
+    /// as residue. Returns 1 if this call removed the set.
+    ///
+    /// A writer that lists a key before writing it, between the existence check and the
+    /// script, leaves that key unlisted: `lethe verify --audit` scans for such keys.
+    fn finish_index(
+        &self,
+        nodes: &mut Nodes,
+        index: &str,
+        prefix: &str,
+    ) -> Result<u64, AdapterError> {
+        const UNLINK_IF_EXACTLY: &[u8] =
+            b"if redis.call('SCARD', KEYS[1]) ~= #ARGV then return 0 end \
+            for i = 1, #ARGV do \
+              if redis.call('SISMEMBER', KEYS[1], ARGV[i]) == 0 then return 0 end \
+            end \
+            return redis.call('UNLINK', KEYS[1])";
+        // Redis has no empty sets: no members, no set (a batch sent again).
+        let left: Vec<Vec<u8>> = self
+            .index_members(nodes, index, prefix)?
+            .into_iter()
+            .collect();
+        if left.is_empty() {
+            return Ok(0);
+        }
+        let live: BTreeSet<Vec<u8>> = self.existing(nodes, left.clone())?.into_iter().collect();
+        if !live.is_empty() {
+            let dead: Vec<Vec<u8>> = left.into_iter().filter(|k| !live.contains(k)).collect();
+            self.srem(nodes, index, &dead)?;
+            return Ok(0);
+        }
+        let mut cmd: Vec<&[u8]> = vec![b"EVAL", UNLINK_IF_EXACTLY, b"1", index.as_bytes()];
+        cmd.extend(left.iter().map(Vec::as_slice));
+        match nodes
+            .keyed(index.as_bytes(), &cmd)
+            .map_err(|e| self.unavailable(e))?
+        {
+            Reply::Int(n) => Ok(u64::from(n == 1)),
+            Reply::Error(e) => Err(self.answered("EVAL", &e)),
+            _ => Err(self.failed("the index script answered something other than a count")),
+        }
     }
 
     /// Runs one single-key command per key, pipelined per owner node in slot order. A reply
@@ -336,7 +490,7 @@ impl Redis {
                         self.unavailable(e)
                     })?;
                 for ((_, i), r) in items.iter().zip(replies) {
-                    out[*i] = match &r {
+                    let r = match &r {
                         Reply::Error(e) if super::resp::redirect(e).is_some() => {
                             if let Some(Redirect::Moved(s, a)) = super::resp::redirect(e) {
                                 nodes.set_owner(s, a);
@@ -345,15 +499,13 @@ impl Redis {
                                 .keyed(&keys[*i], &[cmd, keys[*i].as_slice()])
                                 .map_err(|e| self.unavailable(e))?
                         }
-                        Reply::Error(e) => {
-                            return Err(self.failed(format!(
-                                "{} answered: {}",
-                                String::from_utf8_lossy(cmd),
-                                super::resp::shown_error(e)
-                            )))
-                        }
                         _ => r,
                     };
+                    // Also after a redirect: an error is never taken for "no such key".
+                    if let Reply::Error(e) = &r {
+                        return Err(self.answered(&String::from_utf8_lossy(cmd), e));
+                    }
+                    out[*i] = r;
                 }
             }
         }
@@ -387,8 +539,11 @@ impl Redis {
                     nodes.forget(&node);
                     self.unavailable(e)
                 })?;
-            match reply.first().and_then(Reply::int) {
-                Some(k) if k >= 0 => n += k as u64,
+            match reply.first() {
+                Some(Reply::Int(k)) if *k >= 0 => n += *k as u64,
+                Some(Reply::Error(e)) => {
+                    return Err(self.answered(&String::from_utf8_lossy(cmd), e))
+                }
                 _ => {
                     return Err(self.failed(format!(
                         "{} answered something other than a count",
@@ -425,20 +580,31 @@ impl Redis {
             .collect())
     }
 
-    /// Keys of the scope that exist now, and whether its index set exists.
+    /// Keys of the scope that exist now, and the index sets among them: a subject's own set,
+    /// or a tenant's subjects' sets.
     fn keys(
         &self,
         nodes: &mut Nodes,
+        scope: &Scope,
         sel: &Selection,
-    ) -> Result<(Vec<Vec<u8>>, Option<String>), AdapterError> {
+    ) -> Result<(Vec<Vec<u8>>, Vec<String>), AdapterError> {
         match sel {
             Selection::Prefix {
                 prefix,
                 index: None,
-            } => Ok((self.scan(nodes, prefix)?.into_iter().collect(), None)),
+                index_sets,
+            } => {
+                let keys = self.scan(nodes, prefix)?.into_iter().collect();
+                let sets = match index_sets {
+                    Some(p) => self.index_sets(nodes, scope, p)?,
+                    None => Vec::new(),
+                };
+                Ok((keys, sets))
+            }
             Selection::Prefix {
                 prefix,
                 index: Some(index),
+                ..
             } => {
                 let members = self
                     .index_members(nodes, index, prefix)?
@@ -447,13 +613,34 @@ impl Redis {
                 let set = self.existing(nodes, vec![index.as_bytes().to_vec()])?;
                 Ok((
                     self.existing(nodes, members)?,
-                    (!set.is_empty()).then(|| index.clone()),
+                    (!set.is_empty())
+                        .then(|| index.clone())
+                        .into_iter()
+                        .collect(),
                 ))
             }
-            Selection::Key { key, .. } => {
-                Ok((self.existing(nodes, vec![key.as_bytes().to_vec()])?, None))
-            }
+            Selection::Key { key, .. } => Ok((
+                self.existing(nodes, vec![key.as_bytes().to_vec()])?,
+                Vec::new(),
+            )),
         }
+    }
+
+    /// A tenant's subjects' index sets: a scan of the index layout's tenant prefix, each key
+    /// re-checked against the exact layout.
+    fn index_sets(
+        &self,
+        nodes: &mut Nodes,
+        scope: &Scope,
+        prefix: &str,
+    ) -> Result<Vec<String>, AdapterError> {
+        let tenant = scope.tenant().as_str();
+        Ok(self
+            .scan(nodes, prefix)?
+            .into_iter()
+            .filter(|k| self.is_index_set(tenant, k))
+            .filter_map(|k| String::from_utf8(k).ok())
+            .collect())
     }
 }
 
@@ -529,7 +716,28 @@ impl Adapter for Redis {
                     self.unavailable(e)
                 })?;
             if let Reply::Error(e) = r {
-                return Err(self.failed(format!("PING answered {}", super::resp::shown_error(&e))));
+                return Err(self.answered("PING", &e));
+            }
+        }
+        if !nodes.is_cluster() {
+            // A `url` at one node of a cluster would erase only the keys of that node's slots
+            // and certify the rest away: refused (exit 2) before anything is read or erased.
+            let node = nodes.owner(0).map_err(|e| self.unavailable(e))?;
+            let info = nodes
+                .conn(&node)
+                .and_then(|c| c.call(&[b"INFO", b"cluster"]))
+                .map_err(|e| {
+                    nodes.forget(&node);
+                    self.unavailable(e)
+                })?;
+            if info
+                .bytes()
+                .is_some_and(|t| String::from_utf8_lossy(t).contains("cluster_enabled:1"))
+            {
+                return Err(self.failed(
+                    "this server is a cluster node: list the cluster's nodes with \
+                     `nodes = [...]` instead of `url`",
+                ));
             }
         }
         Ok(())
@@ -538,22 +746,29 @@ impl Adapter for Redis {
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
         let sel = self.selection(scope)?;
         let mut nodes = self.lock();
-        let (keys, index) = self.keys(&mut nodes, &sel)?;
+        let (keys, sets) = self.keys(&mut nodes, scope, &sel)?;
         let mut locators: Vec<Locator> = keys.iter().map(|k| (hex_locator(KEY, k), 1)).collect();
-        if let Some(i) = index {
-            locators.push((hex_locator(INDEX, i.as_bytes()), 1));
-        }
+        locators.extend(sets.iter().map(|i| (hex_locator(INDEX, i.as_bytes()), 1)));
         Ok(Inventory::from_locators(locators))
     }
 
     fn erase_batch(&self, scope: &Scope, batch: &[Locator]) -> Result<u64, AdapterError> {
         let sel = self.selection(scope)?;
         let (prefix, index) = match &sel {
-            Selection::Prefix { prefix, index } => (prefix.clone(), index.clone()),
+            Selection::Prefix { prefix, index, .. } => (prefix.clone(), index.clone()),
             Selection::Key { key, index } => (key.clone(), index.clone()),
         };
         let mut keys = Vec::new();
         let mut sets = Vec::new();
+        // A tenant scope's subjects' index sets, each re-checked against the exact layout.
+        let mut tenant_sets = Vec::new();
+        let tenant_scope = matches!(
+            sel,
+            Selection::Prefix {
+                index_sets: Some(_),
+                ..
+            }
+        );
         for (loc, _) in batch {
             let (kind, hex) = loc.split_at(2.min(loc.len()));
             let key = unhex(hex)
@@ -563,6 +778,9 @@ impl Adapter for Redis {
                 KEY if key.starts_with(prefix.as_bytes()) => keys.push(key),
                 INDEX if index.as_deref().map(str::as_bytes) == Some(key.as_slice()) => {
                     sets.push(key)
+                }
+                INDEX if tenant_scope && self.is_index_set(scope.tenant().as_str(), &key) => {
+                    tenant_sets.push(key)
                 }
                 _ => return Err(self.failed("a frozen locator lies outside the scope")),
             }
@@ -577,25 +795,19 @@ impl Adapter for Redis {
                 .filter_map(Reply::int)
                 .sum::<i64>() as u64,
         };
-        if let (
-            Selection::Key {
-                key,
-                index: Some(index),
-            },
-            false,
-        ) = (&sel, keys.is_empty())
-        {
+        match (&sel, &index) {
             // Tidy the index: it must not keep listing an erased memory's key (not a row).
-            nodes
-                .keyed(
-                    index.as_bytes(),
-                    &[b"SREM", index.as_bytes(), key.as_bytes()],
-                )
-                .map_err(|e| self.unavailable(e))?;
+            (Selection::Key { .. }, Some(index)) => self.srem(&mut nodes, index, &keys)?,
+            // The index set last, after the keys it lists.
+            (Selection::Prefix { .. }, Some(index)) if !sets.is_empty() => {
+                n += self.finish_index(&mut nodes, index, &prefix)?
+            }
+            _ => {}
         }
-        // The index set last, after the keys it lists.
+        // A tenant's erase takes every key of the tenant, and its verify scans again, so the
+        // sets go whole (after the keys they list).
         n += self
-            .per_key(&mut nodes, b"UNLINK", &sets)?
+            .per_key(&mut nodes, b"UNLINK", &tenant_sets)?
             .iter()
             .filter_map(Reply::int)
             .sum::<i64>() as u64;
@@ -615,8 +827,12 @@ impl Adapter for Redis {
         if matches!(self.mode, Mode::Scan) && self.verify == Verify::Scan {
             return Ok(None);
         }
-        let (prefix, index) = match self.selection(scope)? {
-            Selection::Prefix { prefix, index } => (prefix, index),
+        let (prefix, index, index_sets) = match self.selection(scope)? {
+            Selection::Prefix {
+                prefix,
+                index,
+                index_sets,
+            } => (prefix, index, index_sets),
             // One key: a scan of it as a prefix would also count `...:mem:10` for `...:mem:1`.
             Selection::Key { key, .. } => {
                 let mut nodes = self.lock();
@@ -625,13 +841,18 @@ impl Adapter for Redis {
             }
         };
         let mut nodes = self.lock();
-        // The keyspace scan, as scan mode's default verify runs it; plus the index set itself.
+        // The keyspace scan, as scan mode's default verify runs it; plus the index set itself,
+        // or a tenant's subjects' index sets.
         let keys = self.scan(&mut nodes, &prefix)?;
         let index = match index {
             Some(i) => self.existing(&mut nodes, vec![i.into_bytes()])?.len() as u64,
             None => 0,
         };
-        Ok(Some(keys.len() as u64 + index))
+        let sets = match index_sets {
+            Some(p) => self.index_sets(&mut nodes, scope, &p)?.len() as u64,
+            None => 0,
+        };
+        Ok(Some(keys.len() as u64 + index + sets))
     }
 
     fn batch_size(&self) -> Option<usize> {
@@ -645,18 +866,18 @@ impl Adapter for Redis {
             .iter()
             .filter_map(|(l, _)| l.strip_prefix(KEY).and_then(unhex))
             .collect();
-        let (mut keys, index) = match (&self.mode, self.verify, &sel) {
+        let (mut keys, sets) = match (&self.mode, self.verify, &sel) {
             // One keyspace pass per job: only the frozen keys are looked up. A memory scope is
             // one key, looked up either way; a standalone `lethe verify` (no frozen keys) still
             // scans, since it has nothing else to check.
             (Mode::Scan, Verify::Frozen, Selection::Prefix { .. }) if !frozen.is_empty() => {
-                (Vec::new(), None)
+                (Vec::new(), Vec::new())
             }
-            _ => self.keys(&mut nodes, &sel)?,
+            _ => self.keys(&mut nodes, scope, &sel)?,
         };
         keys.extend(self.existing(&mut nodes, frozen_keys)?);
         keys.sort();
         keys.dedup();
-        Ok(keys.len() as u64 + u64::from(index.is_some()))
+        Ok((keys.len() + sets.len()) as u64)
     }
 }

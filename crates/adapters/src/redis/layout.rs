@@ -163,6 +163,28 @@ impl Template {
 }
 
 impl Template {
+    /// The subject a key would be for this tenant under this template, read between the
+    /// tenant's prefix (as `expand` gives it for the tenant only) and the literal after
+    /// `{subject}`; `None` if the key is not so shaped. Not a check: the caller expands the
+    /// subject again and compares.
+    pub(crate) fn subject_in<'k>(&self, tenant: &str, key: &'k str) -> Option<&'k str> {
+        let v = Values {
+            tenant,
+            subject: None,
+            memory: None,
+        };
+        let prefix = self.expand(&v, true).ok()?;
+        let at = self.parts.iter().position(|p| *p == Part::Subject)?;
+        let suffix = match self.parts.get(at + 1) {
+            Some(Part::Lit(s)) if at + 2 == self.parts.len() => s.as_str(),
+            None => "",
+            // Anything after the subject but one literal: not a layout this reads.
+            _ => return None,
+        };
+        let subject = key.strip_prefix(&prefix)?.strip_suffix(suffix)?;
+        (!subject.is_empty()).then_some(subject)
+    }
+
     /// The literal text before the first placeholder ("idx:" for `idx:{tenant}:{subject}`).
     pub(crate) fn literal_prefix(&self) -> &str {
         match self.parts.first() {
@@ -257,6 +279,17 @@ mod tests {
             "a pattern ends in *"
         );
         assert!(Template::parse("x:{subject}:*", "p", true, &["tenant"]).is_err());
+    }
+
+    #[test]
+    fn reads_the_subject_of_an_index_key() {
+        let t = Template::parse("idx:{{tenant}}:{subject}", "index", false, &[]).unwrap();
+        assert_eq!(t.subject_in("acme", "idx:{acme}:alice"), Some("alice"));
+        assert_eq!(t.subject_in("acme", "idx:{acme}:"), None);
+        assert_eq!(t.subject_in("acme", "idx:{acmex}:alice"), None);
+        let t = Template::parse("i:{tenant}:{subject}:set", "index", false, &[]).unwrap();
+        assert_eq!(t.subject_in("acme", "i:acme:bob:set"), Some("bob"));
+        assert_eq!(t.subject_in("acme", "i:acme:bob:sets"), None);
     }
 
     #[test]

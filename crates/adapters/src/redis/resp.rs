@@ -1,7 +1,8 @@
 //! A small RESP2 client: just what erasure needs, with redirects under our control.
 //!
 //! - one connection per node, `AUTH` and `SELECT` on connect, pipelined commands;
-//! - cluster topology from `CLUSTER SLOTS`, key slots by CRC16 with hash tags;
+//! - cluster topology from `CLUSTER SLOTS`, and every primary (with slots or without) from
+//!   `CLUSTER NODES`; key slots by CRC16 with hash tags;
 //! - `-MOVED` refreshes the slot map and retries at the new owner, `-ASK` retries once at the
 //!   importing node after `ASKING`, `-TRYAGAIN` (a multi-key command split by a migration) falls
 //!   back to one key at a time.
@@ -325,7 +326,6 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
     crc16(tagged.unwrap_or(key)) % 16384
 }
 
-/// A redirect in an error reply.
 /// A server's error reply, for a message: its words up to the first quoted argument. Some
 /// errors quote the command's arguments (`ERR unknown command 'UNLINK', with args beginning
 /// with: '<key>'`), and a key names a person.
@@ -339,6 +339,74 @@ pub(crate) fn shown_error(e: &str) -> String {
     }
 }
 
+/// Whether an error reply says the server will answer later: a cluster that is down or
+/// reconfiguring (`CLUSTERDOWN`, `TRYAGAIN`), a server still loading its data (`LOADING`), a
+/// replica cut from its primary (`MASTERDOWN`). The job blocks (`target_unavailable`) and a
+/// rerun finishes; any other error reply is a failure.
+pub(crate) fn is_transient(e: &str) -> bool {
+    matches!(
+        e.split_whitespace().next(),
+        Some("CLUSTERDOWN" | "TRYAGAIN" | "LOADING" | "MASTERDOWN")
+    )
+}
+
+/// The primaries in a `CLUSTER NODES` reply, and how many of them are failing (`fail`,
+/// `fail?`) or have no address (`noaddr`). A node still in `handshake` has not joined: no slot
+/// can be routed to it. An empty host (a node that does not know its own address) is `seed`'s.
+fn masters(text: &str, seed: &str) -> (Vec<Addr>, usize) {
+    let mut up = Vec::new();
+    let mut down = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(addr), Some(flags)) = (f.get(1), f.get(2)) else {
+            continue;
+        };
+        let flags: Vec<&str> = flags.split(',').collect();
+        if !flags.contains(&"master") || flags.contains(&"handshake") {
+            continue;
+        }
+        if flags
+            .iter()
+            .any(|x| matches!(*x, "fail" | "fail?" | "noaddr"))
+        {
+            down += 1;
+            continue;
+        }
+        // ip:port@cport[,hostname]
+        let hostport = addr.split(['@', ',']).next().unwrap_or("");
+        match hostport
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        {
+            Some((h, p)) if p != 0 => {
+                let h = if h.is_empty() { seed } else { h };
+                up.push((h.to_string(), p));
+            }
+            _ => down += 1,
+        }
+    }
+    (up, down)
+}
+
+/// Every primary of a cluster and its own slots field of `CLUSTER NODES` (ranges, and
+/// `[slot->-id]` / `[slot-<-id]` for a slot it migrates or imports).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Topology(Vec<(Addr, String)>);
+
+impl Topology {
+    /// The primaries to scan.
+    pub(crate) fn primaries(&self) -> Vec<Addr> {
+        self.0.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    /// Whether a slot is migrating or importing: its keys are moving from one node to
+    /// another, so a pass may see a key on neither.
+    pub(crate) fn is_moving(&self) -> bool {
+        self.0.iter().any(|(_, slots)| slots.contains('['))
+    }
+}
+
+/// A redirect in an error reply.
 pub(crate) enum Redirect {
     Moved(u16, Addr),
     Ask(Addr),
@@ -370,6 +438,12 @@ pub(crate) struct Nodes {
     conns: HashMap<Addr, Conn>,
     /// slot -> owner; empty for a standalone server.
     slots: Vec<Option<Addr>>,
+    /// Every primary `CLUSTER NODES` lists, with slots or without: a primary that serves no
+    /// slot yet can hold keys (a slot being imported, a migration left half done).
+    masters: Vec<Addr>,
+    /// Primaries `CLUSTER NODES` flags as failing (`fail`, `fail?`) or without an address
+    /// (`noaddr`): their keys cannot be scanned, so a keyspace pass cannot be complete.
+    masters_down: usize,
 }
 
 impl Nodes {
@@ -381,6 +455,8 @@ impl Nodes {
             cluster,
             conns: HashMap::new(),
             slots: Vec::new(),
+            masters: Vec::new(),
+            masters_down: 0,
         }
     }
 
@@ -443,25 +519,75 @@ impl Nodes {
             if slots.iter().any(Option::is_none) {
                 return Err("the cluster does not cover all 16384 slots".into());
             }
+            let nodes = match self
+                .conn(&seed)
+                .and_then(|c| c.call(&[b"CLUSTER", b"NODES"]))
+            {
+                Ok(Reply::Bulk(Some(text))) => String::from_utf8_lossy(&text).into_owned(),
+                Ok(_) => return Err("CLUSTER NODES answered something other than text".into()),
+                Err(e) => {
+                    self.forget(&seed);
+                    last = e;
+                    continue;
+                }
+            };
+            let (masters, down) = masters(&nodes, &seed.0);
             self.slots = slots;
+            self.masters = masters;
+            self.masters_down = down;
             return Ok(());
         }
         Err(last)
     }
 
-    /// Every primary: the standalone server, or each distinct slot owner.
+    /// Every primary: the standalone server, or every primary of the cluster, with slots or
+    /// without. A primary flagged failing is an error: its keys cannot be scanned.
     pub(crate) fn primaries(&mut self) -> Result<Vec<Addr>, String> {
         if !self.cluster {
             return Ok(vec![self.seeds[0].clone()]);
         }
         self.refresh()?;
+        if self.masters_down > 0 {
+            return Err(format!(
+                "{} of the cluster's primaries are failing or have no address (CLUSTER NODES)",
+                self.masters_down
+            ));
+        }
         let mut p: Vec<Addr> = self.slots.iter().flatten().cloned().collect();
+        p.extend(self.masters.iter().cloned());
         p.sort();
         p.dedup();
         Ok(p)
     }
 
-    /// The node that owns a slot.
+    /// What a cluster's keyspace pass depends on: every primary and the slots it says it
+    /// serves, migrates or imports, as each says it itself (a migration shows only in the
+    /// migrating and the importing node's own `myself` line).
+    pub(crate) fn topology(&mut self) -> Result<Topology, String> {
+        let mut out = Vec::new();
+        for node in self.primaries()? {
+            let reply = self
+                .conn(&node)
+                .and_then(|c| c.call(&[b"CLUSTER", b"NODES"]))
+                .inspect_err(|_| self.forget(&node))?;
+            let text = match reply {
+                Reply::Bulk(Some(t)) => String::from_utf8_lossy(&t).into_owned(),
+                _ => return Err("CLUSTER NODES answered something other than text".into()),
+            };
+            let own = text
+                .lines()
+                .find(|l| {
+                    l.split_whitespace()
+                        .nth(2)
+                        .is_some_and(|f| f.contains("myself"))
+                })
+                .map(|l| l.split_whitespace().skip(8).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default();
+            out.push((node, own));
+        }
+        Ok(Topology(out))
+    }
+
     /// Whether this is a cluster (keys of one command must then share a slot).
     pub(crate) fn is_cluster(&self) -> bool {
         self.cluster
@@ -545,6 +671,27 @@ mod tests {
         );
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+
+    #[test]
+    fn reads_every_primary_of_cluster_nodes() {
+        let text = "a 127.0.0.1:7101@17101 myself,master - 0 0 1 connected 0-16383\n\
+                    b 127.0.0.1:7102@17102,host.example master - 0 0 2 connected\n\
+                    c 127.0.0.1:7103@17103 slave a 0 0 1 connected\n\
+                    d :0@0 master,noaddr - 0 0 0 disconnected\n\
+                    e 127.0.0.1:7105@17105 master,fail - 0 0 0 disconnected\n\
+                    f 127.0.0.1:7106@17106 handshake - 0 0 0 connected\n\
+                    g :7107@17107 myself,master - 0 0 0 connected\n";
+        let (up, down) = masters(text, "10.0.0.1");
+        assert_eq!(
+            up,
+            vec![
+                ("127.0.0.1".to_string(), 7101),
+                ("127.0.0.1".to_string(), 7102),
+                ("10.0.0.1".to_string(), 7107)
+            ]
+        );
+        assert_eq!(down, 2, "noaddr and fail");
     }
 
     #[test]

@@ -63,6 +63,8 @@ struct Space {
     tls: bool,
     nodes: std::cell::RefCell<Nodes>,
     owners: HashMap<Vec<u8>, (String, String)>,
+    /// A private cluster's seed URLs (`Private`), instead of the shared cluster's.
+    urls: Option<Vec<String>>,
 }
 
 impl Space {
@@ -72,6 +74,22 @@ impl Space {
 
     fn tls() -> Self {
         Self::make(false, true)
+    }
+
+    /// On a private cluster (`Private`).
+    fn private(c: &Private) -> Self {
+        let mut space = Self::make(true, false);
+        let seeds = c.urls().iter().map(|u| addr(u)).collect();
+        let auth = Auth {
+            username: None,
+            password: None,
+            db: 0,
+            tls: None,
+        };
+        space.nodes =
+            std::cell::RefCell::new(Nodes::new(seeds, true, auth, Duration::from_secs(5)));
+        space.urls = Some(c.urls());
+        space
     }
 
     fn make(cluster: bool, tls: bool) -> Self {
@@ -106,6 +124,7 @@ impl Space {
             tls,
             nodes: std::cell::RefCell::new(nodes),
             owners: HashMap::new(),
+            urls: None,
         }
     }
 
@@ -211,7 +230,9 @@ impl Space {
         } else if self.cluster {
             format!(
                 "nodes = [{}]",
-                cluster_nodes()
+                self.urls
+                    .clone()
+                    .unwrap_or_else(cluster_nodes)
                     .iter()
                     .map(|n| format!("\"{n}\""))
                     .collect::<Vec<_>>()
@@ -890,4 +911,524 @@ fn a_server_error_quoting_a_key_is_shown_without_it() {
         super::resp::shown_error("CROSSSLOT Keys in request don't hash to the same slot"),
         "CROSSSLOT Keys in request don't hash to the same slot"
     );
+}
+
+/// Throwaway cluster nodes for states the shared cluster must not be put in (a slot with no
+/// owner, a primary without slots, a reshard in the middle of a pass): `redis-server`
+/// processes on ports 7230-7239, each test its own ports, in a temporary folder; killed and
+/// removed on drop.
+struct Private {
+    ports: Vec<u16>,
+    children: Vec<std::process::Child>,
+    dir: std::path::PathBuf,
+}
+
+impl Private {
+    /// One cluster-enabled node per port, joined; `slots[i]` is the slot range node `i` serves
+    /// (`None`: a primary without slots). Returns once every node sees every node and all 16384
+    /// slots served.
+    fn start(ports: &[u16], slots: &[Option<(u16, u16)>]) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("lethe-redis-{}-{}", std::process::id(), ports[0]));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut me = Private {
+            ports: ports.to_vec(),
+            children: Vec::new(),
+            dir: dir.clone(),
+        };
+        for p in ports {
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", *p)).is_err(),
+                "port {p} is taken: these tests need 7230-7239 free"
+            );
+            let d = dir.join(p.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &p.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ])
+                .args([
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .args(["--cluster-allow-replica-migration", "no"])
+                .arg("--dir")
+                .arg(&d)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("redis-server on PATH");
+            me.children.push(child);
+        }
+        me.wait("every node answers", |m| {
+            m.ports.iter().all(|p| m.try_call(*p, &[b"PING"]).is_some())
+        });
+        for (p, range) in ports.iter().zip(slots) {
+            if let Some((lo, hi)) = range {
+                me.call(
+                    *p,
+                    &[
+                        b"CLUSTER",
+                        b"ADDSLOTSRANGE",
+                        lo.to_string().as_bytes(),
+                        hi.to_string().as_bytes(),
+                    ],
+                );
+            }
+        }
+        for p in &ports[1..] {
+            me.call(
+                *p,
+                &[
+                    b"CLUSTER",
+                    b"MEET",
+                    b"127.0.0.1",
+                    ports[0].to_string().as_bytes(),
+                ],
+            );
+        }
+        let known = format!("cluster_known_nodes:{}", ports.len());
+        me.wait("the cluster is formed", |m| {
+            m.ports.iter().all(|p| {
+                let info = m.info(*p, b"CLUSTER", b"INFO");
+                info.contains("cluster_state:ok")
+                    && info.contains(&known)
+                    && info.contains("cluster_slots_ok:16384")
+            })
+        });
+        me
+    }
+
+    /// Polls a condition on the real servers, for at most 30 s.
+    fn wait(&self, what: &str, ok: impl Fn(&Self) -> bool) {
+        let start = std::time::Instant::now();
+        while !ok(self) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{what}: timed out"
+            );
+            // Waiting for real servers (a gossip round), not a clock a test could control.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn try_call(&self, port: u16, args: &[&[u8]]) -> Option<Reply> {
+        let auth = Auth {
+            username: None,
+            password: None,
+            db: 0,
+            tls: None,
+        };
+        let mut c =
+            super::resp::Conn::open(&("127.0.0.1".into(), port), &auth, Duration::from_secs(5))
+                .ok()?;
+        c.call(args).ok()
+    }
+
+    /// One command to one node, no redirect followed; an error reply fails the test.
+    fn call(&self, port: u16, args: &[&[u8]]) -> Reply {
+        let r = self.try_call(port, args).expect("the private node answers");
+        assert!(!matches!(r, Reply::Error(_)), "{r:?}");
+        r
+    }
+
+    fn info(&self, port: u16, a: &[u8], b: &[u8]) -> String {
+        match self.try_call(port, &[a, b]) {
+            Some(Reply::Bulk(Some(t))) => String::from_utf8_lossy(&t).into_owned(),
+            _ => String::new(),
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for Private {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Error replies that say "later" (`CLUSTERDOWN` here, from a cluster with a slot nobody
+/// serves; likewise `TRYAGAIN`, `LOADING`, `MASTERDOWN`) block the job as unavailable, to be
+/// retried, instead of failing it; once the slot is served again the erase finishes, every
+/// other key kept byte for byte.
+#[test]
+fn a_cluster_that_is_down_is_unavailable_not_failed() {
+    let cluster = Private::start(&[7230], &[Some((0, 16383))]);
+    let mut space = Space::private(&cluster);
+    space.seed("acme", "alice");
+    space.seed("acme", "bob");
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target_with("scan", "verify = \"frozen\""),
+        with_index: false,
+    };
+    let alice = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != alice)
+            .collect()
+    };
+    let before = others();
+    let scope = subject("acme", "alice");
+    let a = case.adapter();
+    let inv = a.inventory(&scope).unwrap();
+    assert_eq!(inv.count, 7);
+    // One of alice's keys' slot loses its owner: the cluster answers CLUSTERDOWN.
+    let key = format!("{}:acme:alice:str", space.prefix);
+    let slot = super::resp::slot(key.as_bytes()).to_string();
+    cluster.call(7230, &[b"CLUSTER", b"DELSLOTS", slot.as_bytes()]);
+    for r in [
+        a.erase_batch(&scope, &inv.locators).map(|_| ()),
+        a.verify(&scope, &inv.locators).map(|_| ()),
+    ] {
+        match r {
+            Err(e @ AdapterError::Unavailable { .. }) => {
+                assert!(e.is_retryable());
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("CLUSTERDOWN") && !msg.contains("alice"),
+                    "{msg}"
+                );
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
+    cluster.call(7230, &[b"CLUSTER", b"ADDSLOTS", slot.as_bytes()]);
+    cluster.wait("the slot is served again", |c| {
+        c.info(7230, b"CLUSTER", b"INFO")
+            .contains("cluster_state:ok")
+    });
+    assert_eq!(
+        a.erase_batch(&scope, &inv.locators).unwrap(),
+        7,
+        "a cluster that is down refuses every command: nothing went before"
+    );
+    assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 0);
+    assert_eq!(others(), before, "every other key kept, byte for byte");
+}
+
+/// Index mode: a writer around the gate writes a key for alice and lists it in her index after
+/// the inventory. The erase takes only the inventoried keys out of the set, so the set stays,
+/// listing the late key, and verify counts both as residue (the job blocks, and a rerun's
+/// inventory erases them); where it unlinked the whole set, verify saw nothing and certified.
+/// Both layouts, in batches of 3; every other key kept byte for byte.
+#[test]
+fn a_key_listed_in_the_index_after_the_inventory_is_residue() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        space.seed("acme", "alice");
+        space.seed("acme", "bob");
+        let late = format!("{}:acme:alice:late", space.prefix);
+        let alice = ("acme".to_string(), "alice".to_string());
+        space
+            .owners
+            .insert(late.clone().into_bytes(), alice.clone());
+        let case = RedisCase {
+            space: &space,
+            adapter: space.target("index"),
+            with_index: true,
+        };
+        let others = || -> Vec<Row> {
+            case.snapshot()
+                .into_iter()
+                .filter(|r| r.owner != alice)
+                .collect()
+        };
+        let before = others();
+        let scope = subject("acme", "alice");
+        let a = case.adapter();
+        let inv = a.inventory(&scope).unwrap();
+        assert_eq!(inv.count, 8);
+        let index = space.index_key("acme", "alice");
+        space.cmd(&[b"SET", late.as_bytes(), b"written after the freeze"]);
+        space.cmd(&[b"SADD", index.as_bytes(), late.as_bytes()]);
+        let erased: u64 = inv
+            .locators
+            .chunks(3)
+            .map(|b| a.erase_batch(&scope, b).unwrap())
+            .sum();
+        assert_eq!(erased, 7, "cluster {cluster}: the keys; the set stays");
+        assert_eq!(
+            a.verify(&scope, &inv.locators).unwrap(),
+            2,
+            "cluster {cluster}: the late key and the set that lists it"
+        );
+        let members = space.cmd(&[b"SMEMBERS", index.as_bytes()]);
+        assert_eq!(
+            members.array().unwrap().to_vec(),
+            vec![Reply::Bulk(Some(late.clone().into_bytes()))]
+        );
+        assert_eq!(others(), before, "cluster {cluster}: others kept");
+        // The rerun's inventory: the late key and the set, then nothing.
+        let again = a.inventory(&scope).unwrap();
+        assert_eq!(again.count, 2);
+        assert_eq!(a.erase_batch(&scope, &again.locators).unwrap(), 2);
+        assert_eq!(a.verify(&scope, &again.locators).unwrap(), 0);
+        assert_eq!(others(), before, "cluster {cluster}: others kept");
+        cleanup(&space);
+    }
+}
+
+/// Index mode, tenant scope: the tenant's keys are scanned, and so are its subjects' index sets
+/// (`idx:{acme}:*` here), each re-checked against the exact layout, so they are inventoried,
+/// erased and verified too, where they were left behind under a certificate. A key under the
+/// index prefix that no expressible subject owns (`idx:{acme}:eu:bob`: the pattern refuses
+/// `eu:bob`) and the neighbour tenant's sets stay, byte for byte. Both layouts.
+#[test]
+fn index_mode_tenant_scope_erases_the_tenants_index_sets() {
+    for cluster in [false, true] {
+        let mut space = Space::new(cluster);
+        for (t, s) in SUBJECTS {
+            space.seed(t, s);
+        }
+        let decoy = space.index_key("acme", "eu:bob");
+        space.cmd(&[b"SADD", decoy.as_bytes(), b"x"]);
+        let case = RedisCase {
+            space: &space,
+            adapter: space.target("index"),
+            with_index: true,
+        };
+        let tenant = Scope::Tenant {
+            tenant: Tenant::new("acme").unwrap(),
+        };
+        let out = conformance::run(&case, &tenant, &|o| o.0 == "acme", 5);
+        assert_eq!(out.inventoried, 8 * 8, "cluster {cluster}: keys and sets");
+        assert_eq!(case.adapter().audit(&tenant).unwrap(), Some(0));
+        assert_eq!(space.cmd(&[b"EXISTS", decoy.as_bytes()]).int(), Some(1));
+        cleanup(&space);
+    }
+}
+
+/// A primary that serves no slot can still hold keys: here one of alice's keys was migrated to
+/// it and the migration then abandoned (`SETSLOT STABLE`), on a private cluster of two
+/// primaries. Every primary `CLUSTER NODES` lists is scanned, so the inventory counts the key
+/// and verify finds it left (residue: the cluster routes its slot elsewhere, so it cannot be
+/// unlinked), where the pass saw only slot owners and certified it away. Every other key kept
+/// byte for byte.
+#[test]
+fn a_primary_without_slots_is_scanned_too() {
+    let cluster = Private::start(&[7231, 7232], &[Some((0, 16383)), None]);
+    let mut space = Space::private(&cluster);
+    space.seed("acme", "alice");
+    space.seed("acme", "bob");
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target("scan"),
+        with_index: false,
+    };
+    let alice = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != alice)
+            .collect()
+    };
+    let before = others();
+    let key = format!("{}:acme:alice:str", space.prefix);
+    let slot = super::resp::slot(key.as_bytes()).to_string();
+    let id = |p: u16| {
+        cluster
+            .call(p, &[b"CLUSTER", b"MYID"])
+            .bytes()
+            .unwrap()
+            .to_vec()
+    };
+    let (from, to) = (id(7231), id(7232));
+    cluster.call(
+        7232,
+        &[b"CLUSTER", b"SETSLOT", slot.as_bytes(), b"IMPORTING", &from],
+    );
+    cluster.call(
+        7231,
+        &[b"CLUSTER", b"SETSLOT", slot.as_bytes(), b"MIGRATING", &to],
+    );
+    cluster.call(
+        7231,
+        &[
+            b"MIGRATE",
+            b"127.0.0.1",
+            b"7232",
+            b"",
+            b"0",
+            b"5000",
+            b"KEYS",
+            key.as_bytes(),
+        ],
+    );
+    for p in [7231, 7232] {
+        cluster.call(p, &[b"CLUSTER", b"SETSLOT", slot.as_bytes(), b"STABLE"]);
+    }
+    assert_eq!(
+        cluster.call(7232, &[b"DBSIZE"]).int(),
+        Some(1),
+        "the key sits on the primary without slots"
+    );
+    let scope = subject("acme", "alice");
+    let a = case.adapter();
+    let inv = a.inventory(&scope).unwrap();
+    assert_eq!(inv.count, 7, "the key on the primary without slots counts");
+    assert_eq!(a.erase_batch(&scope, &inv.locators).unwrap(), 6);
+    assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 1, "residue");
+    assert_eq!(others(), before, "every other key kept, byte for byte");
+}
+
+/// A slot moves during the inventory's keyspace pass, from the last primary (not yet scanned)
+/// to the first (already scanned), on a private three-primary cluster: alice's key in it was
+/// on neither node when each was scanned. The pass reads the topology before and after and
+/// passes again, so the inventory counts the key, and `verify = "frozen"` (which looks only at
+/// the frozen keys) has it to check; where one pass was taken as complete, the key stayed
+/// under a certificate. While a slot is left migrating, a pass cannot be complete: after a few
+/// tries the target is unavailable (retryable). Every other key kept byte for byte.
+#[test]
+fn a_slot_moved_during_the_pass_makes_it_pass_again() {
+    let ports = [7233, 7234, 7235];
+    let cluster = Private::start(
+        &ports,
+        &[Some((0, 5460)), Some((5461, 10922)), Some((10923, 16383))],
+    );
+    let mut space = Space::private(&cluster);
+    let mut alice = Vec::new();
+    for i in 0..20 {
+        let key = format!("{}:acme:alice:k{i}", space.prefix);
+        space.cmd(&[b"SET", key.as_bytes(), b"alice's"]);
+        space
+            .owners
+            .insert(key.clone().into_bytes(), ("acme".into(), "alice".into()));
+        alice.push(key);
+    }
+    // Filler keys of another subject make each node's pass last about a second.
+    let mut pipe: Vec<Vec<u8>> = Vec::new();
+    for i in 0..1500 {
+        let key = format!("{}:acme:bob:f{i}", space.prefix);
+        space
+            .owners
+            .insert(key.clone().into_bytes(), ("acme".into(), "bob".into()));
+        pipe.push(key.into_bytes());
+    }
+    for k in &pipe {
+        space.cmd(&[b"SET", k, b"bob's"]);
+    }
+    let key = alice
+        .iter()
+        .find(|k| super::resp::slot(k.as_bytes()) > 10922)
+        .expect("one of alice's keys on the last primary")
+        .clone();
+    let slot = super::resp::slot(key.as_bytes()).to_string();
+    let case = RedisCase {
+        space: &space,
+        adapter: space.target_with("scan", "verify = \"frozen\"\nscan_pause_ms = 10"),
+        with_index: false,
+    };
+    let me = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != me)
+            .collect()
+    };
+    let before = others();
+    for p in [7234, 7235] {
+        cluster.call(p, &[b"CONFIG", b"RESETSTAT"]);
+    }
+    let scope = subject("acme", "alice");
+    let inv = std::thread::scope(|s| {
+        let mover = s.spawn(|| {
+            // Once the pass is on the middle node, the first is done and the last is not.
+            cluster.wait("the pass reaches the middle node", |c| {
+                c.info(7234, b"INFO", b"commandstats")
+                    .contains("cmdstat_scan:")
+            });
+            let id = |p: u16| {
+                cluster
+                    .call(p, &[b"CLUSTER", b"MYID"])
+                    .bytes()
+                    .unwrap()
+                    .to_vec()
+            };
+            let (to, from) = (id(7233), id(7235));
+            let s = slot.as_bytes();
+            cluster.call(7233, &[b"CLUSTER", b"SETSLOT", s, b"IMPORTING", &from]);
+            cluster.call(7235, &[b"CLUSTER", b"SETSLOT", s, b"MIGRATING", &to]);
+            let keys = cluster.call(7235, &[b"CLUSTER", b"GETKEYSINSLOT", s, b"1000"]);
+            let keys: Vec<Vec<u8>> = keys
+                .array()
+                .unwrap()
+                .iter()
+                .map(|k| k.bytes().unwrap().to_vec())
+                .collect();
+            let mut migrate: Vec<&[u8]> = vec![
+                b"MIGRATE",
+                b"127.0.0.1",
+                b"7233",
+                b"",
+                b"0",
+                b"5000",
+                b"KEYS",
+            ];
+            migrate.extend(keys.iter().map(Vec::as_slice));
+            cluster.call(7235, &migrate);
+            for p in [7233, 7235, 7234] {
+                cluster.call(p, &[b"CLUSTER", b"SETSLOT", s, b"NODE", &to]);
+            }
+            assert_eq!(
+                cluster
+                    .call(7235, &[b"INFO", b"commandstats"])
+                    .bytes()
+                    .map(|t| String::from_utf8_lossy(t).contains("cmdstat_scan:")),
+                Some(false),
+                "the slot left the last node before the pass reached it"
+            );
+        });
+        let inv = case.adapter().inventory(&scope);
+        mover.join().unwrap();
+        inv
+    })
+    .unwrap();
+    assert_eq!(inv.count, 20, "the key whose slot moved is counted");
+    let a = case.adapter();
+    assert_eq!(a.erase_batch(&scope, &inv.locators).unwrap(), 20);
+    assert_eq!(a.verify(&scope, &inv.locators).unwrap(), 0);
+    assert_eq!(
+        cluster.call(7233, &[b"EXISTS", key.as_bytes()]).int(),
+        Some(0)
+    );
+    assert_eq!(others(), before, "every other key kept, byte for byte");
+    // A slot left migrating: no pass can be complete, so the target is unavailable.
+    let id = |p: u16| {
+        cluster
+            .call(p, &[b"CLUSTER", b"MYID"])
+            .bytes()
+            .unwrap()
+            .to_vec()
+    };
+    let s = b"100";
+    cluster.call(7234, &[b"CLUSTER", b"SETSLOT", s, b"IMPORTING", &id(7233)]);
+    match a.inventory(&scope) {
+        Err(e @ AdapterError::Unavailable { .. }) => {
+            assert!(e.to_string().contains("migrating"), "{e}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    cluster.call(7234, &[b"CLUSTER", b"SETSLOT", s, b"STABLE"]);
+    assert_eq!(a.inventory(&scope).unwrap().count, 0);
 }
