@@ -694,6 +694,24 @@ fn an_update_cannot_move_rows_out_of_a_fenced_or_erased_owner(version: u32) {
         let sql = format!("UPDATE store SET {set} WHERE {alice_items}");
         assert_eq!(write(&mut c, &sql, &[]), lt001, "{sql}");
     }
+    // Nor once the thread's checkpoints were deleted earlier in the same transaction: the
+    // rows' owner cannot be read then, and while an erasure runs they stay on their thread.
+    for table in ["checkpoint_blobs", "checkpoint_writes"] {
+        let mut tx = c.transaction().unwrap();
+        tx.execute(
+            "DELETE FROM checkpoints WHERE thread_id = $1",
+            &[&alice_thread],
+        )
+        .unwrap();
+        let e = tx
+            .execute(
+                &format!("UPDATE {table} SET thread_id = 'moved-4' WHERE thread_id = $1"),
+                &[&alice_thread],
+            )
+            .unwrap_err();
+        assert_eq!(e.code().map(|c| c.code()), Some("LT001"), "{table}");
+        tx.rollback().unwrap();
+    }
     // The erasure finds every row it had before, and erases them.
     for (t, n) in [&cp, &st].into_iter().zip(before) {
         let inv = t.adapter.inventory(&s).unwrap();

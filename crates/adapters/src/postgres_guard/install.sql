@@ -540,6 +540,7 @@ DECLARE
     cur bigint;
     forever boolean;
     tok bigint;
+    owned boolean := false;
 BEGIN
     PERFORM lethe_guard.catch_up();
     -- One branch a kind: PL/pgSQL resolves OLD's fields when a statement first runs.
@@ -569,8 +570,17 @@ BEGIN
             FOR o IN EXECUTE format('SELECT DISTINCT metadata ->> $2 AS tenant, metadata ->> $3 AS subject
                                        FROM %I.checkpoints WHERE thread_id = $1', TG_TABLE_SCHEMA)
                      USING OLD.thread_id, args[1], NULLIF(args[2], '') LOOP
+                owned := true;
                 PERFORM lethe_guard.check_owner(o.tenant, o.subject, NULL, NULL, true);
             END LOOP;
+            -- A thread whose checkpoints are gone (deleted earlier in the same transaction, say)
+            -- has no owner to judge the row by: while any erasure runs, its rows stay where
+            -- they are, or a fenced subject's rows could be moved out of the erasure.
+            IF NOT owned AND (EXISTS (SELECT 1 FROM lethe_guard.subject_fence f WHERE f.fenced)
+                                OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence f WHERE f.fenced)) THEN
+                RAISE EXCEPTION 'lethe guard: a row of a thread without checkpoints cannot move to another thread while an erasure is running'
+                    USING ERRCODE = 'LT001';
+            END IF;
         END IF;
     END IF;
     RETURN NEW;
