@@ -245,7 +245,10 @@ impl Engine {
                 match self.run_claimed(&mut claim, opts, progress) {
                     Ok(o) => out.push(o),
                     // Held: it stays REQUESTED until the hold is released; not this run's to do.
-                    Err(EngineError::Held { .. }) => held.push(claim.job_id.clone()),
+                    // Claim lost: another process may run it now; the next job is still ours.
+                    Err(EngineError::Held { .. } | EngineError::ClaimLost(_)) => {
+                        held.push(claim.job_id.clone())
+                    }
                     Err(e) => return Err(e),
                 }
             }

@@ -167,8 +167,15 @@ pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
 }
 
 /// A claim's transaction stays open, idle, while its job runs: a database or role's
-/// `idle_in_transaction_session_timeout` would end it (and the claim) under a live runner.
-const CLAIM_BEGIN: &str = "SET idle_in_transaction_session_timeout = 0; BEGIN";
+/// `idle_in_transaction_session_timeout` (or, from PostgreSQL 17, `transaction_timeout`) would
+/// end it, and the claim, under a live runner. One round trip (simple protocol).
+const CLAIM_BEGIN: &str = "SET idle_in_transaction_session_timeout = 0;
+    DO $$ BEGIN
+        IF current_setting('server_version_num')::int >= 170000 THEN
+            PERFORM set_config('transaction_timeout', '0', false);
+        END IF;
+    END $$;
+    BEGIN";
 
 /// The right to run a job, held until dropped. On PostgreSQL it is a row lock on the job's
 /// claim row, taken `FOR UPDATE SKIP LOCKED` in a transaction on its own connection: if the
