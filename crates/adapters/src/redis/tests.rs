@@ -263,6 +263,18 @@ struct RedisCase<'a> {
     with_index: bool,
 }
 
+impl RedisCase<'_> {
+    /// Every key's row but `tenant`/`subject`'s: what an erase of that subject must leave as
+    /// it was, byte for byte.
+    fn others(&self, tenant: &str, subject: &str) -> Vec<Row> {
+        let me = (tenant.to_string(), subject.to_string());
+        self.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != me)
+            .collect()
+    }
+}
+
 impl Case for RedisCase<'_> {
     fn adapter(&self) -> &dyn Adapter {
         self.adapter.adapter.as_ref()
@@ -650,13 +662,7 @@ fn index_members_that_are_gone_are_not_counted() {
             adapter: space.target_with("index", "pipeline = 2"),
             with_index: true,
         };
-        let alice = ("acme".to_string(), "alice".to_string());
-        let others = || -> Vec<Row> {
-            case.snapshot()
-                .into_iter()
-                .filter(|r| r.owner != alice)
-                .collect()
-        };
+        let others = || case.others("acme", "alice");
         let before = others();
         let a = case.adapter();
         let inv = a.inventory(&scope).unwrap();
@@ -1081,13 +1087,7 @@ fn a_cluster_that_is_down_is_unavailable_not_failed() {
         adapter: space.target_with("scan", "verify = \"frozen\""),
         with_index: false,
     };
-    let alice = ("acme".to_string(), "alice".to_string());
-    let others = || -> Vec<Row> {
-        case.snapshot()
-            .into_iter()
-            .filter(|r| r.owner != alice)
-            .collect()
-    };
+    let others = || case.others("acme", "alice");
     let before = others();
     let scope = subject("acme", "alice");
     let a = case.adapter();
@@ -1148,12 +1148,7 @@ fn a_key_listed_in_the_index_after_the_inventory_is_residue() {
             adapter: space.target("index"),
             with_index: true,
         };
-        let others = || -> Vec<Row> {
-            case.snapshot()
-                .into_iter()
-                .filter(|r| r.owner != alice)
-                .collect()
-        };
+        let others = || case.others("acme", "alice");
         let before = others();
         let scope = subject("acme", "alice");
         let a = case.adapter();
@@ -1236,13 +1231,7 @@ fn a_primary_without_slots_is_scanned_too() {
         adapter: space.target("scan"),
         with_index: false,
     };
-    let alice = ("acme".to_string(), "alice".to_string());
-    let others = || -> Vec<Row> {
-        case.snapshot()
-            .into_iter()
-            .filter(|r| r.owner != alice)
-            .collect()
-    };
+    let others = || case.others("acme", "alice");
     let before = others();
     let key = format!("{}:acme:alice:str", space.prefix);
     let slot = super::resp::slot(key.as_bytes()).to_string();
@@ -1339,13 +1328,7 @@ fn a_slot_moved_during_the_pass_makes_it_pass_again() {
         adapter: space.target_with("scan", "verify = \"frozen\"\nscan_pause_ms = 10"),
         with_index: false,
     };
-    let me = ("acme".to_string(), "alice".to_string());
-    let others = || -> Vec<Row> {
-        case.snapshot()
-            .into_iter()
-            .filter(|r| r.owner != me)
-            .collect()
-    };
+    let others = || case.others("acme", "alice");
     let before = others();
     for p in [7234, 7235] {
         cluster.call(p, &[b"CONFIG", b"RESETSTAT"]);
