@@ -1395,6 +1395,32 @@ fn a_redis_url_at_a_cluster_node_exits_2_and_touches_nothing() {
             "never echoes the identifier"
         );
     }
+    // A user an ACL denies INFO (`-@dangerous`, a common hardening) is asked CLUSTER INFO; one
+    // denied both cannot tell a cluster node from a server, and is refused too.
+    let pid = std::process::id();
+    for (user, rules, why) in [
+        (
+            format!("ltnoinfo{pid}"),
+            "+@all -@dangerous",
+            "cluster node",
+        ),
+        (
+            format!("ltblind{pid}"),
+            "+@all -info -cluster",
+            "cannot tell",
+        ),
+    ] {
+        let mut acl = vec!["ACL", "SETUSER", &user, "on", ">pw", "~*", "&*"];
+        acl.extend(rules.split_whitespace());
+        assert_eq!(redis_at(&owner, &[acl]), "+OK");
+        let env = Env::with_config(&config.replace(
+            &format!("url = \"redis://{owner}\""),
+            &format!("url = \"redis://{user}:pw@{owner}\""),
+        ));
+        let out = env.run(&ERASE_ALICE);
+        refused(&out, why);
+        redis_at(&owner, &[vec!["ACL", "DELUSER", &user]]);
+    }
     assert_eq!(env.memory_bytes(), before, "no memory file changed");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
@@ -1404,6 +1430,55 @@ fn a_redis_url_at_a_cluster_node_exits_2_and_touches_nothing() {
         "alice's key kept"
     );
     redis_at(&owner, &[vec!["UNLINK", &key]]);
+}
+
+/// Index mode removes a subject's set with a script: a user without scripting is refused up
+/// front (exit 2, nothing touched), not after its keys are gone, where every resume would fail.
+#[test]
+fn redis_index_mode_without_scripting_exits_2_and_touches_nothing() {
+    let pid = std::process::id();
+    let (prefix, user) = (format!("ltnoeval{pid}"), format!("ltnoeval{pid}"));
+    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let hostport = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        redis_at(
+            &hostport,
+            &[vec![
+                "ACL",
+                "SETUSER",
+                &user,
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-@scripting"
+            ]]
+        ),
+        "+OK"
+    );
+    let key = format!("{prefix}:acme:alice:a");
+    let index = format!("{prefix}:idx:acme:alice");
+    redis_cmd(&["SET", &key, "cached"]);
+    redis_cmd(&["SADD", &index, &key]);
+    let config = CONFIG.replace("BATCH", "500")
+        + &format!(
+            "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://{user}:pw@{hostport}/9\"\npattern = \"{prefix}:{{tenant}}:{{subject}}:*\"\nmode = \"index\"\nindex = \"{prefix}:idx:{{tenant}}:{{subject}}\"\n"
+        );
+    let env = Env::with_config(&config);
+    let before = env.memory_bytes();
+    let out = env.run(&ERASE_ALICE);
+    refused(&out, "index mode needs EVAL");
+    redis_at(&hostport, &[vec!["ACL", "DELUSER", &user]]);
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    assert_eq!(redis_cmd(&["EXISTS", &key]), ":1", "alice's key kept");
+    assert_eq!(redis_cmd(&["SCARD", &index]), ":1", "her index kept");
+    redis_cmd(&["UNLINK", &key, &index]);
 }
 
 /// A writer around the gate sets a key for alice in Redis after her inventory. With the default

@@ -752,21 +752,60 @@ impl Adapter for Redis {
             // A `url` at one node of a cluster would erase only the keys of that node's slots
             // and certify the rest away: refused (exit 2) before anything is read or erased.
             let node = nodes.owner(0).map_err(|e| self.unavailable(e))?;
-            let info = nodes
-                .conn(&node)
-                .and_then(|c| c.call(&[b"INFO", b"cluster"]))
-                .map_err(|e| {
+            let mut ask = |cmd: &[&[u8]]| {
+                nodes.conn(&node).and_then(|c| c.call(cmd)).map_err(|e| {
                     nodes.forget(&node);
                     self.unavailable(e)
-                })?;
-            if info
-                .bytes()
-                .is_some_and(|t| String::from_utf8_lossy(t).contains("cluster_enabled:1"))
-            {
+                })
+            };
+            // `INFO` says; where an ACL denies it (`-@dangerous` does), `CLUSTER INFO` does: a
+            // state on a cluster node, an error naming the disabled support elsewhere. A server
+            // that answers neither cannot be told apart from a cluster node, and is refused.
+            let cluster =
+                match ask(&[b"INFO", b"cluster"])? {
+                    Reply::Error(e) if is_transient(&e) => return Err(self.answered("INFO", &e)),
+                    Reply::Error(_) => match ask(&[b"CLUSTER", b"INFO"])? {
+                        Reply::Error(e) if e.contains("cluster support disabled") => false,
+                        Reply::Error(e) if is_transient(&e) => {
+                            return Err(self.answered("CLUSTER INFO", &e))
+                        }
+                        Reply::Error(_) => return Err(self.failed(
+                            "cannot tell whether this server is a cluster node (it refuses both \
+                             INFO and CLUSTER INFO): allow one of them to Lethe's user",
+                        )),
+                        _ => true,
+                    },
+                    info => info
+                        .bytes()
+                        .is_some_and(|t| String::from_utf8_lossy(t).contains("cluster_enabled:1")),
+                };
+            if cluster {
                 return Err(self.failed(
                     "this server is a cluster node: list the cluster's nodes with \
                      `nodes = [...]` instead of `url`",
                 ));
+            }
+        }
+        if matches!(self.mode, Mode::Index(_)) {
+            // Index mode removes a subject's set with a script, once its keys are gone: a user
+            // without scripting would fail there, after the keys, every time. Asked up front.
+            let node = nodes.owner(0).map_err(|e| self.unavailable(e))?;
+            let r = nodes
+                .conn(&node)
+                .and_then(|c| c.call(&[b"EVAL", b"return 1", b"0"]))
+                .map_err(|e| {
+                    nodes.forget(&node);
+                    self.unavailable(e)
+                })?;
+            match r {
+                Reply::Error(e) if is_transient(&e) => return Err(self.answered("EVAL", &e)),
+                Reply::Error(_) => {
+                    return Err(self.failed(
+                        "index mode needs EVAL (a script removes a subject's index set once its \
+                         keys are gone): allow @scripting, or EVAL, to Lethe's user",
+                    ))
+                }
+                _ => {}
             }
         }
         Ok(())

@@ -346,7 +346,7 @@ pub(crate) fn shown_error(e: &str) -> String {
 pub(crate) fn is_transient(e: &str) -> bool {
     matches!(
         e.split_whitespace().next(),
-        Some("CLUSTERDOWN" | "TRYAGAIN" | "LOADING" | "MASTERDOWN")
+        Some("CLUSTERDOWN" | "TRYAGAIN" | "LOADING" | "MASTERDOWN" | "BUSY")
     )
 }
 
