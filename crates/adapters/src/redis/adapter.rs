@@ -168,17 +168,34 @@ impl Redis {
                 .pattern
                 .expand(&v, subject.is_none())
                 .map_err(inexpressible)?;
-            let other = if t.literal_prefix().is_empty() {
-                // Index sets start with the tenant: only this tenant's other subjects' sets
-                // can be reached, and only a subject scope must not reach them.
-                match subject {
-                    Some(_) => Some(t.expand(&v, true).map_err(inexpressible)?),
-                    None => None,
-                }
+            let overlaps = if t.literal_prefix().is_empty() {
+                // Index sets start with a tenant: this scope's keys reach the sets of a tenant
+                // whose id begins them (under `mem:{tenant}:{subject}:*` with index
+                // `{tenant}:idx:{subject}`, tenant `idx`'s `mem:idx:` reaches tenant `mem`'s
+                // `mem:idx:alice`). A tenant's id holds no separator, so it is one of this
+                // prefix's own prefixes; its sets are its own only for a tenant scope.
+                let tenant = scope.tenant().as_str();
+                reach
+                    .char_indices()
+                    .map(|(i, _)| i)
+                    .skip(1)
+                    .chain([reach.len()])
+                    .any(|i| {
+                        let other = &reach[..i];
+                        let own = other == tenant && subject.is_none();
+                        let sets = Values {
+                            tenant: other,
+                            subject: None,
+                            memory: None,
+                        };
+                        !own && lethe_core::Tenant::new(other).is_ok()
+                            && t.expand(&sets, true)
+                                .is_ok_and(|o| prefixes_overlap(&reach, &o))
+                    })
             } else {
-                Some(t.literal_prefix().to_string())
+                prefixes_overlap(&reach, t.literal_prefix())
             };
-            if other.is_some_and(|o| prefixes_overlap(&reach, &o)) {
+            if overlaps {
                 return Err(inexpressible(
                     "this scope's keys and other scopes' index sets share a prefix under the \
                      configured pattern and index, so a key could be either: give the index a \

@@ -850,18 +850,19 @@ fn a_reply_slower_than_the_read_poll_is_read_whole() {
 /// its own index sets).
 #[test]
 fn a_scope_that_could_reach_other_scopes_index_sets_is_refused() {
-    let build = |index: &str| {
+    let build_with = |pattern: &str, index: &str| {
         crate::build(
             1,
             toml::from_str(&format!(
                 "name = \"c\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:1\"\n\
-                 pattern = \"{{tenant}}:{{subject}}:*\"\nmode = \"index\"\nindex = \"{index}\"\n"
+                 pattern = \"{pattern}\"\nmode = \"index\"\nindex = \"{index}\"\n"
             ))
             .unwrap(),
             std::path::Path::new("."),
         )
         .unwrap()
     };
+    let build = |index: &str| build_with("{tenant}:{subject}:*", index);
     let tenant = |t: &str| Scope::Tenant {
         tenant: Tenant::new(t).unwrap(),
     };
@@ -887,6 +888,17 @@ fn a_scope_that_could_reach_other_scopes_index_sets_is_refused() {
         subject("acme", "alice"),
         subject("acme", "id"),
     ] {
+        assert!(
+            matches!(t.adapter.check_scope(&ok), Ok(Applicability::Applies)),
+            "{ok:?}"
+        );
+    }
+    // A pattern with a literal prefix: tenant `idx`'s keys (`mem:idx:...`) reach tenant
+    // `mem`'s index sets (`mem:idx:alice`), so the scope is refused, not erased across tenants.
+    let t = build_with("mem:{tenant}:{subject}:*", "{tenant}:idx:{subject}");
+    assert!(refused(t.adapter.check_scope(&tenant("idx"))));
+    assert!(refused(t.adapter.check_scope(&subject("idx", "bob"))));
+    for ok in [tenant("mem"), subject("mem", "alice"), tenant("acme")] {
         assert!(
             matches!(t.adapter.check_scope(&ok), Ok(Applicability::Applies)),
             "{ok:?}"
