@@ -148,6 +148,14 @@ pub trait Adapter: Send + Sync {
     /// Checks the store is reachable and has the expected schema. Read-only.
     fn probe(&self) -> Result<(), AdapterError>;
 
+    /// Where the target's data is, for a job to notice its configuration now points elsewhere
+    /// (another database, file or key layout) than when it froze the inventory: the database
+    /// and schema, the file, the Redis database and pattern. Not the host, which a failover may
+    /// change. Kept in the journal only as a keyed digest.
+    fn place(&self) -> String {
+        String::new()
+    }
+
     /// For a memory scope without an explicit version: the version current now, if this
     /// target holds the memory.
     fn current_version(&self, _scope: &Scope) -> Result<Option<Version>, AdapterError> {

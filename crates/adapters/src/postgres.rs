@@ -75,6 +75,11 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// The database this connection opens.
+    pub(crate) fn database(&self) -> &str {
+        self.config.settings.database()
+    }
+
     pub(crate) fn new(target: &str, config: ConnConfig) -> Self {
         Self {
             target: target.to_string(),

@@ -230,3 +230,43 @@ pub(crate) fn resolve(base: &Path, p: &Path) -> std::path::PathBuf {
         base.join(p)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(lines: &str) -> Target {
+        build(1, toml::from_str(lines).unwrap(), Path::new(".")).unwrap()
+    }
+
+    /// A target's place names its database and schema (PostgreSQL), its Redis database and
+    /// pattern, not its host or password: a failover to another host keeps the place, another
+    /// database or layout under the same name does not (a job refuses to go on there).
+    #[test]
+    fn a_place_changes_with_the_database_and_layout_not_the_host() {
+        let pg = |url: &str, schema: &str| {
+            target(&format!(
+                "name = \"m\"\nkind = \"langgraph-postgres-store\"\nclass = \"primary\"\n\
+                 url = \"{url}\"\nschema = \"{schema}\"\nnamespace = [\"{{tenant}}\", \"{{subject}}\"]\n"
+            ))
+            .adapter
+            .place()
+        };
+        let a = pg("postgres://app:pw@10.0.0.1:5432/agent", "public");
+        assert_eq!(a, pg("postgres://app:other@10.0.0.2:6432/agent", "public"));
+        assert_ne!(a, pg("postgres://app:pw@10.0.0.1:5432/agent_copy", "public"));
+        assert_ne!(a, pg("postgres://app:pw@10.0.0.1:5432/agent", "other"));
+        assert!(!a.contains("pw") && !a.contains("10.0.0.1"), "{a}");
+        let redis = |url: &str, pattern: &str| {
+            target(&format!(
+                "name = \"c\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"{url}\"\npattern = \"{pattern}\"\n"
+            ))
+            .adapter
+            .place()
+        };
+        let r = redis("redis://10.0.0.1:6379/5", "{tenant}:{subject}:*");
+        assert_eq!(r, redis("redis://10.0.0.2:6380/5", "{tenant}:{subject}:*"));
+        assert_ne!(r, redis("redis://10.0.0.1:6379/6", "{tenant}:{subject}:*"));
+        assert_ne!(r, redis("redis://10.0.0.1:6379/5", "app:{tenant}:{subject}:*"));
+    }
+}

@@ -1643,6 +1643,28 @@ fn a_job_whose_inventoried_target_left_the_config_refuses_to_run_until_it_is_bac
             "{shown}"
         );
     }
+    // The same name pointed at another file (a copy of the store): the job would erase and
+    // verify the copy and certify it, leaving the frozen rows in the original.
+    let memory = env.path().join("memory");
+    std::fs::copy(memory.join("store.db"), memory.join("store-copy.db")).unwrap();
+    let copy_before = std::fs::read(memory.join("store-copy.db")).unwrap();
+    let repointed = full.replace("memory/store.db", "memory/store-copy.db");
+    std::fs::write(env.path().join("lethe.toml"), repointed).unwrap();
+    let before = env.memory_bytes();
+    for args in [vec!["resume", &job], ERASE_ALICE.to_vec()] {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("target(s) memories where this configuration no longer points"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(env.memory_bytes(), before, "nothing touched");
+        assert_eq!(
+            std::fs::read(memory.join("store-copy.db")).unwrap(),
+            copy_before
+        );
+    }
     std::fs::write(env.path().join("lethe.toml"), full).unwrap();
     let (c, out) = env.json(&["resume", &job, "--json"]);
     assert_eq!(c, 0, "{out}");

@@ -361,14 +361,37 @@ impl Engine {
             .into_iter()
             .filter(|name| !self.targets.iter().any(|t| &t.name == name))
             .collect();
-        if missing.is_empty() {
+        if !missing.is_empty() {
+            return Err(input(format!(
+                "job {job_id} froze an inventory on target(s) {} that this configuration does \
+                 not have: nothing was touched; run it with the configuration it started with \
+                 (each target under the same name)",
+                missing.join(", ")
+            )));
+        }
+        // A target still under its name may point elsewhere now (another database, file or
+        // key layout): the job would erase and verify there, certify that, and leave the rows
+        // it froze where they were.
+        let key = self.key.locator_key();
+        let moved: Vec<String> = self
+            .journal
+            .job_target_places(job_id)?
+            .into_iter()
+            .filter_map(|(name, place)| {
+                let t = self.targets.iter().find(|t| t.name == name)?;
+                let then = place?;
+                let now = lethe_journal::jobs::place_digest(key.as_bytes(), &t.adapter.place());
+                (then != now).then_some(name)
+            })
+            .collect();
+        if moved.is_empty() {
             return Ok(());
         }
         Err(input(format!(
-            "job {job_id} froze an inventory on target(s) {} that this configuration does not \
-             have: nothing was touched; run it with the configuration it started with (each \
-             target under the same name)",
-            missing.join(", ")
+            "job {job_id} froze an inventory on target(s) {} where this configuration no longer \
+             points (another database, file or key layout under the same name): nothing was \
+             touched; point each target back where it was while the job is unfinished",
+            moved.join(", ")
         )))
     }
 
@@ -509,6 +532,7 @@ impl Engine {
             count,
             &locators,
             self.key.locator_key().as_bytes(),
+            &t.adapter.place(),
         )?;
         report(event);
         Ok(None)

@@ -53,6 +53,11 @@ pub enum Entry {
         locators: u64,
         /// Keyed digest of the sorted locators and their row counts.
         digest: String,
+        /// Keyed digest of where the target's data was (`Adapter::place`): a resume refuses to
+        /// go on when the configuration now points the target elsewhere. Absent in entries of
+        /// an older Lethe.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        place: Option<String>,
     },
     /// An operator added the rows found in scope after a `residue` block to a target's
     /// inventory (`lethe resume --reinventory`).

@@ -166,6 +166,15 @@ pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {
     format!("hmac:{}", hex::encode(h.finalize().into_bytes()))
 }
 
+/// A keyed digest of a target's place (`Adapter::place`): the journal never holds a host, a
+/// path or a database name, and a guess cannot be tested against it without the key.
+pub fn place_digest(key: &[u8; 32], place: &str) -> String {
+    let mut h = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
+    h.update(b"place\0");
+    h.update(place.as_bytes());
+    format!("hmac:{}", hex::encode(h.finalize().into_bytes()))
+}
+
 /// A claim's transaction stays open, idle, while its job runs: a database or role's
 /// `idle_in_transaction_session_timeout` (or, from PostgreSQL 17, `transaction_timeout`) would
 /// end it, and the claim, under a live runner. One round trip (simple protocol).
@@ -406,6 +415,7 @@ impl Journal {
         count: u64,
         locators: &[Locator],
         digest_key: &[u8; 32],
+        place: &str,
     ) -> Result<()> {
         self.write(|tx| {
             let done = tx
@@ -430,6 +440,7 @@ impl Journal {
                 count,
                 locators: locators.len() as u64,
                 digest: inventory_digest(digest_key, locators),
+                place: (!place.is_empty()).then(|| place_digest(digest_key, place)),
             };
             apply(tx, at, job_id, &entry)?;
             Ok(())
@@ -525,6 +536,19 @@ impl Journal {
                 .map(|r| r[0].text().to_string())
                 .collect())
         })
+    }
+
+    /// Each target the job inventoried, with the keyed digest of its place at the time (`None`
+    /// when an older Lethe inventoried it).
+    pub fn job_target_places(&self, job_id: &str) -> Result<Vec<(String, Option<String>)>> {
+        Ok(self
+            .entries(job_id)?
+            .into_iter()
+            .filter_map(|e| match e {
+                Entry::InventoryTaken { target, place, .. } => Some((target, place)),
+                _ => None,
+            })
+            .collect())
     }
 
     /// A target's progress: (inventoried count, erased, residue).

@@ -242,6 +242,14 @@ impl Settings {
         self.mode
     }
 
+    /// The database the connection opens (the user's name when the URL names none, as libpq).
+    pub fn database(&self) -> &str {
+        self.config
+            .get_dbname()
+            .or(self.config.get_user())
+            .unwrap_or("")
+    }
+
     /// The URL without its password, for messages.
     pub fn shown(&self) -> &str {
         &self.shown

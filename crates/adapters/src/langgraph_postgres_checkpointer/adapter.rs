@@ -290,6 +290,10 @@ impl Adapter for Checkpointer {
         })
     }
 
+    fn place(&self) -> String {
+        format!("postgres:{}:{}", self.conn.database(), self.schema)
+    }
+
     fn probe(&self) -> Result<(), AdapterError> {
         for t in TABLES {
             let name = format!("{}.\"{t}\"", self.schema);

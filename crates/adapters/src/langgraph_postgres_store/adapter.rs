@@ -178,6 +178,10 @@ impl Adapter for Store {
         Ok(Applicability::Applies)
     }
 
+    fn place(&self) -> String {
+        format!("postgres:{}:{}", self.conn.database(), self.schema)
+    }
+
     fn probe(&self) -> Result<(), AdapterError> {
         let name = format!("{}.store", quote_qualified(&self.schema));
         let found: bool = self.conn.with(|c| {

@@ -408,6 +408,11 @@ impl Adapter for Checkpointer {
         })
     }
 
+    fn place(&self) -> String {
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        format!("sqlite:{}", path.display())
+    }
+
     fn probe(&self) -> Result<(), AdapterError> {
         let conn = open(&self.name, &self.path, self.busy)?;
         for t in ["checkpoints", "writes"] {

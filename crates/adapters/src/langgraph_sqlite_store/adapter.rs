@@ -155,6 +155,11 @@ impl Adapter for Store {
         Ok(Applicability::Applies)
     }
 
+    fn place(&self) -> String {
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        format!("sqlite:{}", path.display())
+    }
+
     fn probe(&self) -> Result<(), AdapterError> {
         let conn = open(&self.name, &self.path, self.busy)?;
         if !has_table(&conn, "store").map_err(|e| self.err(e))? {

@@ -751,6 +751,14 @@ impl Adapter for Redis {
         self.selection(scope).map(|_| Applicability::Applies)
     }
 
+    fn place(&self) -> String {
+        let nodes = self.lock();
+        match nodes.is_cluster() {
+            true => format!("redis:cluster:{}", self.pattern.text()),
+            false => format!("redis:{}:{}", nodes.db(), self.pattern.text()),
+        }
+    }
+
     fn probe(&self) -> Result<(), AdapterError> {
         let mut nodes = self.lock();
         for node in nodes.primaries().map_err(|e| self.unavailable(e))? {

@@ -35,6 +35,11 @@ pub(crate) struct Values<'a> {
 }
 
 impl Template {
+    /// The template as written.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
     /// Parses a template; `allowed` lists the placeholders it may hold, `star` whether it must
     /// end in `*` (a pattern) or must not (an exact key).
     pub(crate) fn parse(

@@ -589,6 +589,11 @@ impl Nodes {
     }
 
     /// Whether this is a cluster (keys of one command must then share a slot).
+    /// The database number of a standalone server (0 on a cluster).
+    pub(crate) fn db(&self) -> u32 {
+        self.auth.db
+    }
+
     pub(crate) fn is_cluster(&self) -> bool {
         self.cluster
     }
