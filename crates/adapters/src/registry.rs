@@ -254,7 +254,10 @@ mod tests {
         };
         let a = pg("postgres://app:pw@10.0.0.1:5432/agent", "public");
         assert_eq!(a, pg("postgres://app:other@10.0.0.2:6432/agent", "public"));
-        assert_ne!(a, pg("postgres://app:pw@10.0.0.1:5432/agent_copy", "public"));
+        assert_ne!(
+            a,
+            pg("postgres://app:pw@10.0.0.1:5432/agent_copy", "public")
+        );
         assert_ne!(a, pg("postgres://app:pw@10.0.0.1:5432/agent", "other"));
         assert!(!a.contains("pw") && !a.contains("10.0.0.1"), "{a}");
         let redis = |url: &str, pattern: &str| {
@@ -267,6 +270,9 @@ mod tests {
         let r = redis("redis://10.0.0.1:6379/5", "{tenant}:{subject}:*");
         assert_eq!(r, redis("redis://10.0.0.2:6380/5", "{tenant}:{subject}:*"));
         assert_ne!(r, redis("redis://10.0.0.1:6379/6", "{tenant}:{subject}:*"));
-        assert_ne!(r, redis("redis://10.0.0.1:6379/5", "app:{tenant}:{subject}:*"));
+        assert_ne!(
+            r,
+            redis("redis://10.0.0.1:6379/5", "app:{tenant}:{subject}:*")
+        );
     }
 }

@@ -407,6 +407,7 @@ impl Journal {
 
     /// Journals a target's frozen inventory and stores its locators, in one transaction.
     /// Idempotent: a second call for the same target keeps the first inventory.
+    #[allow(clippy::too_many_arguments)] // one transaction's whole input, each a different thing
     pub fn put_inventory(
         &self,
         at: &str,

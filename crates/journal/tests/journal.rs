@@ -203,7 +203,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
         let open = job(&j, "del-open", subject_scope("acme", "dave"));
         for id in [&done, &open] {
             j.freeze(AT, id, None).unwrap();
-            j.put_inventory(AT, id, "cache", 1, &[("k".to_string(), 1)], &[7u8; 32])
+            j.put_inventory(AT, id, "cache", 1, &[("k".to_string(), 1)], &[7u8; 32], "")
                 .unwrap();
         }
         drop(j);
@@ -1079,7 +1079,7 @@ fn an_inventory_of_many_locators_is_stored_whole_and_kept_on_a_second_put(st: St
     }
     assert!(locators.windows(2).any(|w| w[0] > w[1]), "not shuffled");
     let count: u64 = locators.iter().map(|(_, n)| n).sum();
-    j.put_inventory(AT, &id, "cache", count, &locators, &key)
+    j.put_inventory(AT, &id, "cache", count, &locators, &key, "")
         .unwrap();
     let (got_count, got) = j.inventory(&id, "cache").unwrap().unwrap();
     assert_eq!(got_count, count);
@@ -1088,7 +1088,7 @@ fn an_inventory_of_many_locators_is_stored_whole_and_kept_on_a_second_put(st: St
     // Byte order on both backends, whatever the database's collation.
     assert_eq!(got, sorted);
     // Idempotent: a second put keeps the first inventory.
-    j.put_inventory(AT, &id, "cache", 1, &locators[..1], &key)
+    j.put_inventory(AT, &id, "cache", 1, &locators[..1], &key, "")
         .unwrap();
     assert_eq!(
         j.inventory(&id, "cache").unwrap().unwrap(),
@@ -1164,8 +1164,9 @@ fn an_extended_inventory_adds_to_each_allowance_and_completion_drops_every_locat
     j.freeze(AT, &a, None).unwrap();
     j.freeze(AT, &b, None).unwrap();
     let first = vec![("k:1".to_string(), 2), ("k:2".to_string(), 1)];
-    j.put_inventory(AT, &a, "cache", 3, &first, &key).unwrap();
-    j.put_inventory(AT, &b, "cache", 2, &first[..1], &key)
+    j.put_inventory(AT, &a, "cache", 3, &first, &key, "")
+        .unwrap();
+    j.put_inventory(AT, &b, "cache", 2, &first[..1], &key, "")
         .unwrap();
     j.record(AT, &a, &Entry::Drained).unwrap();
     j.record(AT, &a, &Entry::TargetsErased).unwrap();
@@ -1226,7 +1227,7 @@ fn postgres_reads_and_drops_locators_a_job_froze_before_the_parts_existed() {
     let key = [7u8; 32];
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     j.freeze(AT, &a, None).unwrap();
-    j.put_inventory(AT, &a, "cache", 1, &[("k:b".to_string(), 1)], &key)
+    j.put_inventory(AT, &a, "cache", 1, &[("k:b".to_string(), 1)], &key, "")
         .unwrap();
     st.raw(
         "INSERT INTO inventory (job_id, target, locator, rows) \
