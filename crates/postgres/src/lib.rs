@@ -176,15 +176,6 @@ impl Settings {
         let mut config: postgres::Config = driver_url
             .parse()
             .map_err(|e: postgres::Error| SettingsError::Parse(e.to_string()))?;
-        // Every statement Lethe sends is written for READ COMMITTED: each sees what committed
-        // before it began (the gate's checks after its locks, the freeze's drain set after the
-        // scope's lock). A database or role may default to another level, so each connection
-        // asks for its own, after any `options` the URL gives.
-        let options = match config.get_options() {
-            Some(o) if !o.trim().is_empty() => format!("{o} {READ_COMMITTED}"),
-            _ => READ_COMMITTED.to_string(),
-        };
-        config.options(&options);
         // libpq ignores `sslmode` on a Unix-domain socket, and PostgreSQL never offers TLS
         // there: a URL whose every host is a socket folder connects in plain text whatever it
         // asks, where the driver would try a handshake with no server name and fail.
@@ -280,10 +271,12 @@ impl Settings {
     }
 
     fn connect_now(&self) -> Result<Client, postgres::Error> {
-        match &self.tls {
+        let mut client = match &self.tls {
             None => self.config.connect(NoTls),
             Some(tls) => self.config.connect(tls.polling()),
-        }
+        }?;
+        client.batch_execute(SESSION)?;
+        Ok(client)
     }
 }
 
@@ -442,9 +435,12 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The startup option every connection sends (the space escaped as PostgreSQL's option
-/// parser reads it).
-const READ_COMMITTED: &str = "-c default_transaction_isolation=read\\ committed";
+/// Run on every connection once it is open. Every statement Lethe sends is written for READ
+/// COMMITTED: each sees what committed before it began (the gate's checks after its locks, the
+/// freeze's drain set after the scope's lock). A database or role may default to another level,
+/// so each connection sets its own. A statement, not a startup option: a connection pooler
+/// (PgBouncer) refuses the `options` startup parameter in its default configuration.
+pub const SESSION: &str = "SET default_transaction_isolation = 'read committed'";
 
 /// A URL's part before its query and the query, split where the driver splits them: at the
 /// first `?` after the user part (which runs to the first `@` after the scheme, if any).

@@ -102,8 +102,13 @@ impl Slots {
         // The gate functions' statements take arrays whose length varies from call to call;
         // PostgreSQL would otherwise keep planning them anew for each call (measured: about
         // 60-90 us of a 0.4-0.6 ms batch).
+        // And READ COMMITTED whatever the database's default, as every Lethe connection
+        // (`lethe_postgres::SESSION`), in the same round trip.
         client
-            .batch_execute("SET plan_cache_mode = force_generic_plan")
+            .batch_execute(&format!(
+                "SET plan_cache_mode = force_generic_plan; {}",
+                lethe_postgres::SESSION
+            ))
             .await
             .map_err(failed)?;
         let c = Arc::new(Conn {

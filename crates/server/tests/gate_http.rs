@@ -76,7 +76,13 @@ fn journal_url(backend: Backend, dir: &Path) -> String {
             );
             let mut c = postgres::Client::connect(&admin, postgres::NoTls)
                 .expect("PostgreSQL reachable (scripts/test)");
+            // REPEATABLE READ by default, as a deployment may set: the server's connections
+            // must ask for READ COMMITTED themselves (`lethe_postgres::SESSION`).
             c.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+            c.batch_execute(&format!(
+                "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+            ))
+            .unwrap();
             format!("{}/{name}", admin.rsplit_once('/').unwrap().0)
         }
     }
