@@ -328,6 +328,39 @@ fn finds_threads_only_in_metadata_and_only_in_the_registry() {
         let loc = format!("0:{}", only_other["thread_id"].as_str().unwrap());
         assert!(!inv.locators.iter().any(|(l, _)| *l == loc), "a single source misses what only the other knows");
     }
+    // Python's `json.dumps`, which `SqliteSaver.put` uses, writes a run config's infinite or
+    // not-a-number float as `Infinity` or `NaN`: outside strict JSON, still the owner's thread.
+    let only_meta = threads.iter().find(|t| t["in_registry"] == false).unwrap()["thread_id"]
+        .as_str()
+        .unwrap();
+    let before = inv.count;
+    Connection::open(c.dir.path().join("checkpoints.db"))
+        .unwrap()
+        .execute(
+            "UPDATE checkpoints SET metadata = CAST(replace(CAST(metadata AS TEXT), '{', \
+             '{\"max_cost\": Infinity, \"ratio\": NaN, ') AS BLOB) WHERE thread_id = ?1",
+            [only_meta],
+        )
+        .unwrap();
+    let case = CheckpointerCase {
+        dir: c.dir.path().to_path_buf(),
+        adapter: target(c.dir.path(), CHECKPOINTER),
+        thread_owner: thread_owners(&c.manifest),
+    };
+    let alice = ("acme".to_string(), "alice".to_string());
+    let others = || -> Vec<Row> {
+        case.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != alice)
+            .collect()
+    };
+    let kept = others();
+    let s = subject_scope("acme", "alice");
+    let inv = tg.adapter.inventory(&s).unwrap();
+    assert_eq!(inv.count, before, "the thread is still found");
+    assert_eq!(tg.adapter.erase_batch(&s, &inv.locators).unwrap(), before);
+    assert_eq!(tg.adapter.verify(&s, &inv.locators).unwrap(), 0);
+    assert_eq!(others(), kept, "every other subject's rows, byte for byte");
 }
 
 #[test]

@@ -42,8 +42,12 @@ const THREAD: &str = "0:";
 const REGISTRY: &str = "1:";
 
 /// The metadata column as JSON text, or NULL when it is not valid JSON (so one malformed row
-/// cannot fail the whole scan).
-const META: &str = "CASE WHEN json_valid(CAST(metadata AS TEXT)) THEN CAST(metadata AS TEXT) END";
+/// cannot fail the whole scan). Valid as JSON5 (`json_valid`'s flag 2), which SQLite's JSON
+/// functions read: `SqliteSaver` writes metadata with Python's `json.dumps`, which writes a float
+/// of the run config that is infinite or not a number as `Infinity` or `NaN`, outside strict
+/// JSON, and such a thread was skipped by the inventory and certified gone.
+const META: &str =
+    "CASE WHEN json_valid(CAST(metadata AS TEXT), 2) THEN CAST(metadata AS TEXT) END";
 
 /// The owner of a scope, as SQL parameters.
 struct Owner<'a> {
