@@ -69,7 +69,10 @@ class GateClient:
         self._timeout = timeout
         self._local = threading.local()
         self._conns_lock = threading.Lock()
-        self._conns: set[http.client.HTTPConnection] = set()
+        # Every open connection and the thread it belongs to: a thread that ended cannot close
+        # its own, so each new connection first closes those of ended threads (LangGraph runs
+        # nodes on short-lived executor threads: about six a run).
+        self._conns: dict[http.client.HTTPConnection, threading.Thread] = {}
         self._closed = False
         self._watcher = (
             _Watcher(self, reconnect_max_s=reconnect_max_s, idle_s=stream_idle_s) if watch else None
@@ -169,7 +172,7 @@ class GateClient:
         if self._watcher is not None:
             self._watcher.stop()
         with self._conns_lock:
-            conns, self._conns = self._conns, set()
+            conns, self._conns = self._conns, {}
         for c in conns:
             c.close()
 
@@ -204,7 +207,12 @@ class GateClient:
             c = self._new_conn(self._timeout)
             self._local.conn = c
             with self._conns_lock:
-                self._conns.add(c)
+                ended = [k for k, t in self._conns.items() if not t.is_alive()]
+                for k in ended:
+                    del self._conns[k]
+                self._conns[c] = threading.current_thread()
+            for k in ended:
+                k.close()
             return c, False
         return c, True
 
@@ -213,7 +221,7 @@ class GateClient:
         if c is not None:
             self._local.conn = None
             with self._conns_lock:
-                self._conns.discard(c)
+                self._conns.pop(c, None)
             c.close()
 
     def _call(

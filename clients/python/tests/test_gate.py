@@ -184,6 +184,32 @@ class GateTest(unittest.TestCase):
         self.assertEqual(len({p for _, p in granted}), len(granted))
         self.server.wait_job(self.op, job)  # all released: the job drains and completes
 
+    def test_connections_of_ended_threads_are_closed(self):
+        # LangGraph runs nodes on short-lived executor threads; each thread's kept-alive
+        # connection must not outlive it (one socket leaked per thread ran out of descriptors).
+        import os
+
+        def open_fds() -> int:
+            return len(os.listdir("/proc/self/fd"))
+
+        lease = self.rt.take_lease("acme", subject(), ttl_ms=60_000)
+
+        def once() -> None:
+            self.assertFalse(self.rt.is_revoked(lease.lease_id))
+
+        def burst(n: int) -> None:
+            for _ in range(n):
+                t = threading.Thread(target=once)
+                t.start()
+                t.join()
+
+        burst(5)
+        base = open_fds()
+        burst(100)
+        self.assertLess(open_fds() - base, 10, "a connection per ended thread stays open")
+        with self.rt._conns_lock:
+            self.assertLessEqual(len(self.rt._conns), 2)
+
     def test_callback_runs_once_on_revocation(self):
         s = subject()
         lease = self.rt.take_lease("acme", s)
