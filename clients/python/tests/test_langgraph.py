@@ -8,6 +8,7 @@ import asyncio
 import secrets
 import sys
 import threading
+import time
 import unittest
 from pathlib import Path
 
@@ -187,3 +188,49 @@ class GraphTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SqliteStoreMemoryTest(unittest.TestCase):
+    """A lease that read an item of a LangGraph SQLite store (the server's target: a copy of
+    the fixtures `SqliteStore` wrote) is revoked by the erasure of that memory: the version the
+    client records (`item_version`) is the one the store target names."""
+
+    def test_erasing_a_memory_revokes_the_lease_that_read_it(self):
+        import json
+        import sqlite3
+        from datetime import datetime
+
+        from langgraph.store.base import Item
+
+        server = Server()
+        self.addCleanup(server.stop)
+        op = server.client(operator=True, watch=False)
+        self.addCleanup(op.close)
+        client = server.client()
+        self.addCleanup(client.close)
+        db = sqlite3.connect(Path(server.dir.name) / "store.db")
+        prefix, key, value, created, updated = db.execute(
+            "SELECT prefix, key, value, created_at, updated_at FROM store "
+            "WHERE prefix = 'acme.alice.memories' ORDER BY key LIMIT 1"
+        ).fetchone()
+        db.close()
+        # As `SqliteStore` hands it over: its timestamps parsed from the stored text.
+        item = Item(
+            value=json.loads(value),
+            key=key,
+            namespace=tuple(prefix.split(".")),
+            created_at=datetime.fromisoformat(created),
+            updated_at=datetime.fromisoformat(updated),
+        )
+        gate = Gate(client)
+        config = gate.run_config("t-" + secrets.token_hex(6), "acme", "alice")
+        lease = gate.take_lease(config, [item])
+        job = op.start_job("acme", "alice", memory=memory_ref(item)[0], ticket="T-mem")["job_id"]
+        self.assertTrue(lease.revoked.wait(WAIT_S), "the lease that read the memory is revoked")
+        with self.assertRaises(lethe_gate.Refused):
+            with lease.permit("state"):
+                pass
+        deadline = time.monotonic() + WAIT_S
+        while op.job(job)["state"] != "COMPLETE":
+            self.assertLess(time.monotonic(), deadline, op.job(job))
+            time.sleep(0.05)

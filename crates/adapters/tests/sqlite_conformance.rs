@@ -471,6 +471,10 @@ fn memory_scope_erases_one_item_and_its_vectors_and_nothing_else() {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .unwrap();
+    // `SqliteStore` stores `CURRENT_TIMESTAMP` text; the version is that time in UTC with
+    // microseconds, as on PostgreSQL and as the Python client's `item_version` writes it.
+    assert_eq!(updated.len(), 19, "{updated}");
+    let updated = format!("{}.000000Z", updated.replace(' ', "T"));
     let memory = MemoryId::new(format!("memories/{key}")).unwrap();
     let mk = |v: Option<&str>| Scope::Memory {
         tenant: Tenant::new("acme").unwrap(),
@@ -491,7 +495,7 @@ fn memory_scope_erases_one_item_and_its_vectors_and_nothing_else() {
     assert_eq!(
         store
             .adapter
-            .inventory(&mk(Some("1999-01-01 00:00:00")))
+            .inventory(&mk(Some("1999-01-01T00:00:00.000000Z")))
             .unwrap()
             .count,
         0

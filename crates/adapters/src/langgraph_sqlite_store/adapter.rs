@@ -29,8 +29,24 @@ pub struct Store {
 /// case-insensitive for ASCII and would need every `%` and `_` escaped.
 const IN_NAMESPACE: &str = "(prefix = ?1 OR (prefix >= ?1 || '.' AND prefix < ?1 || '/'))";
 
-/// The version of an item: its `updated_at` as stored.
-const VERSION: &str = "SELECT CAST(updated_at AS TEXT) FROM store WHERE prefix = ?1 AND key = ?2";
+/// An item's version: its `updated_at` in UTC with microseconds, `2026-12-02T09:58:14.000000Z`,
+/// as the PostgreSQL store names it, whatever the text `SqliteStore` stored (`CURRENT_TIMESTAMP`
+/// writes `2026-12-02 09:58:14`): the one format runtimes put in their leases' reads (the
+/// Python client's `item_version`), so a memory scope revokes the leases that read it.
+macro_rules! version_of_updated_at {
+    () => {
+        "strftime('%Y-%m-%dT%H:%M:%S', updated_at) || '.' || substr(CASE \
+         WHEN instr(CAST(updated_at AS TEXT), '.') > 0 \
+         THEN substr(CAST(updated_at AS TEXT), instr(CAST(updated_at AS TEXT), '.') + 1) \
+         ELSE '' END || '000000', 1, 6) || 'Z'"
+    };
+}
+
+const VERSION: &str = concat!(
+    "SELECT ",
+    version_of_updated_at!(),
+    " FROM store WHERE prefix = ?1 AND key = ?2"
+);
 
 impl Store {
     pub(crate) fn new(name: &str, path: PathBuf, busy: Duration, template: Vec<Label>) -> Self {
@@ -218,10 +234,12 @@ impl Adapter for Store {
             // For a memory scope, only the tombstoned version goes; its vectors go with it, or
             // when the item row is already gone. Vectors first, then the item, each counted.
             let mut other_version = tx
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM store WHERE prefix = ?1 AND key = ?2
-                       AND ?3 IS NOT NULL AND CAST(updated_at AS TEXT) IS NOT ?3)",
-                )
+                .prepare_cached(concat!(
+                    "SELECT EXISTS (SELECT 1 FROM store WHERE prefix = ?1 AND key = ?2 \
+                         AND ?3 IS NOT NULL AND (",
+                    version_of_updated_at!(),
+                    ") IS NOT ?3)"
+                ))
                 .map_err(e)?;
             let mut del_item = tx
                 .prepare_cached("DELETE FROM store WHERE prefix = ?1 AND key = ?2")
