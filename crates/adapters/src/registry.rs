@@ -274,5 +274,28 @@ mod tests {
             r,
             redis("redis://10.0.0.1:6379/5", "app:{tenant}:{subject}:*")
         );
+        // What else a target inventories is part of its place: an index layout, a registry.
+        let indexed = |index: &str| {
+            target(&format!(
+                "name = \"c\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://h/5\"\n\
+                 pattern = \"{{tenant}}:{{subject}}:*\"\nmode = \"index\"\nindex = \"{index}\"\n"
+            ))
+            .adapter
+            .place()
+        };
+        assert_ne!(
+            indexed("idx:{tenant}:{subject}"),
+            indexed("ix:{tenant}:{subject}")
+        );
+        let checkpointer = |registry: &str| {
+            target(&format!(
+                "name = \"k\"\nkind = \"langgraph-postgres-checkpointer\"\nclass = \"primary\"\n\
+                 url = \"postgres://app@h/agent\"\nregistry = {{ url = \"postgres://app@h/{registry}\", \
+                 table = \"thread_registry\", tenant = \"t\", subject = \"s\", thread = \"th\" }}\n"
+            ))
+            .adapter
+            .place()
+        };
+        assert_ne!(checkpointer("accounts"), checkpointer("accounts_copy"));
     }
 }

@@ -291,7 +291,13 @@ impl Adapter for Checkpointer {
     }
 
     fn place(&self) -> String {
-        format!("postgres:{}:{}", self.conn.database(), self.schema)
+        let mut place = format!("postgres:{}:{}", self.conn.database(), self.schema);
+        // The registry's rows are inventoried too: its database and table are part of the place.
+        if let Some((conn, r)) = &self.registry {
+            let db = conn.as_ref().unwrap_or(&self.conn).database();
+            place.push_str(&format!(" registry:{db}:{}", r.table));
+        }
+        place
     }
 
     fn probe(&self) -> Result<(), AdapterError> {

@@ -413,8 +413,17 @@ impl Adapter for Checkpointer {
     }
 
     fn place(&self) -> String {
-        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
-        format!("sqlite:{}", path.display())
+        let file = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let mut place = format!("sqlite:{}", file(&self.path).display());
+        // The registry's rows are inventoried too: its file and table are part of the place.
+        if let Some(r) = &self.registry {
+            place.push_str(&format!(
+                " registry:{}:{}",
+                file(&r.path).display(),
+                r.table
+            ));
+        }
+        place
     }
 
     fn probe(&self) -> Result<(), AdapterError> {

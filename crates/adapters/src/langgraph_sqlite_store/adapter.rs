@@ -35,10 +35,11 @@ const IN_NAMESPACE: &str = "(prefix = ?1 OR (prefix >= ?1 || '.' AND prefix < ?1
 /// Python client's `item_version`), so a memory scope revokes the leases that read it.
 macro_rules! version_of_updated_at {
     () => {
-        "strftime('%Y-%m-%dT%H:%M:%S', updated_at) || '.' || substr(CASE \
+        "strftime('%Y-%m-%dT%H:%M:%S', updated_at) || '.' || substr((SELECT \
+         substr(f, 1, length(f) - length(ltrim(f, '0123456789'))) FROM (SELECT CASE \
          WHEN instr(CAST(updated_at AS TEXT), '.') > 0 \
          THEN substr(CAST(updated_at AS TEXT), instr(CAST(updated_at AS TEXT), '.') + 1) \
-         ELSE '' END || '000000', 1, 6) || 'Z'"
+         ELSE '' END AS f)) || '000000', 1, 6) || 'Z'"
     };
 }
 
@@ -298,5 +299,42 @@ impl Adapter for Store {
             }
         }
         Ok(rows.values().sum())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The version of `updated_at` texts `SqliteStore` and other writers store: UTC, six
+    /// fractional digits (only the digits after the point; a suffix after them is a zone).
+    #[test]
+    fn a_version_is_utc_with_six_fractional_digits_whatever_the_stored_text() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE store (prefix TEXT, key TEXT, updated_at TIMESTAMP)")
+            .unwrap();
+        for (stored, version) in [
+            ("2026-12-02 09:58:14", "2026-12-02T09:58:14.000000Z"),
+            ("2026-12-02T09:58:14.5Z", "2026-12-02T09:58:14.500000Z"),
+            ("2026-12-02T09:58:14.500Z", "2026-12-02T09:58:14.500000Z"),
+            (
+                "2026-12-02 09:58:14.123+02:00",
+                "2026-12-02T07:58:14.123000Z",
+            ),
+            (
+                "2026-12-02 09:58:14.123456789",
+                "2026-12-02T09:58:14.123456Z",
+            ),
+            ("2026-12-02 09:58:14.654321", "2026-12-02T09:58:14.654321Z"),
+        ] {
+            conn.execute("DELETE FROM store", []).unwrap();
+            conn.execute(
+                "INSERT INTO store VALUES ('p', 'k', ?1)",
+                rusqlite::params![stored],
+            )
+            .unwrap();
+            let v: String = conn
+                .query_row(super::VERSION, rusqlite::params!["p", "k"], |r| r.get(0))
+                .unwrap();
+            assert_eq!(v, version, "{stored}");
+        }
     }
 }

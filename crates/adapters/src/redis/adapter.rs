@@ -753,10 +753,15 @@ impl Adapter for Redis {
 
     fn place(&self) -> String {
         let nodes = self.lock();
-        match nodes.is_cluster() {
+        let mut place = match nodes.is_cluster() {
             true => format!("redis:cluster:{}", self.pattern.text()),
             false => format!("redis:{}:{}", nodes.db(), self.pattern.text()),
+        };
+        // Index sets are inventoried too: their layout is part of the place.
+        if let Mode::Index(t) = &self.mode {
+            place.push_str(&format!(" index:{}", t.text()));
         }
+        place
     }
 
     fn probe(&self) -> Result<(), AdapterError> {
