@@ -27,6 +27,15 @@ pub trait Case {
     fn adapter(&self) -> &dyn Adapter;
     /// Every row in the store now, with its owner from the seeder's ground truth.
     fn snapshot(&self) -> Vec<Row>;
+    /// Every row but `tenant`/`subject`'s: what an erase of that subject must leave as it was,
+    /// byte for byte.
+    fn others(&self, tenant: &str, subject: &str) -> Vec<Row> {
+        let me = (tenant.to_string(), subject.to_string());
+        self.snapshot()
+            .into_iter()
+            .filter(|r| r.owner != me)
+            .collect()
+    }
 }
 
 /// What one run of the suite found, for assertions with good messages.

@@ -347,13 +347,7 @@ fn finds_threads_only_in_metadata_and_only_in_the_registry() {
         adapter: target(c.dir.path(), CHECKPOINTER),
         thread_owner: thread_owners(&c.manifest),
     };
-    let alice = ("acme".to_string(), "alice".to_string());
-    let others = || -> Vec<Row> {
-        case.snapshot()
-            .into_iter()
-            .filter(|r| r.owner != alice)
-            .collect()
-    };
+    let others = || case.others("acme", "alice");
     let kept = others();
     let s = subject_scope("acme", "alice");
     let inv = tg.adapter.inventory(&s).unwrap();

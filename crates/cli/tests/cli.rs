@@ -506,19 +506,7 @@ fn bad_config_exits_2_and_says_what_to_fix() {
 #[test]
 fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
     let env = Env::new(500);
-    assert_eq!(
-        code(&env.run(&[
-            "hold",
-            "add",
-            "--tenant",
-            "acme",
-            "--subject",
-            "alice",
-            "--reason",
-            "matter 12"
-        ])),
-        0
-    );
+    assert_eq!(code(&hold_alice(&env, "matter 12")), 0);
     let before = env.memory_bytes();
     let (c, out) = env.json(&ERASE_ALICE);
     assert_eq!(c, 4);
@@ -561,6 +549,20 @@ fn completed_as_inventoried(env: &Env, code: i32, out: &Value, inv: &Value, othe
         assert_eq!(out["certificate"]["targets"][t]["count"], inv[t]["count"]);
     }
     assert_eq!(env.others_rows(), others, "others untouched");
+}
+
+/// `lethe hold add` on acme/alice with `reason`.
+fn hold_alice(env: &Env, reason: &str) -> std::process::Output {
+    env.run(&[
+        "hold",
+        "add",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--reason",
+        reason,
+    ])
 }
 
 /// Starts an erase that pauses at `point` and returns it once it is there (it wrote the
@@ -641,17 +643,7 @@ fn a_hold_added_after_a_crash_stops_the_interrupted_job_until_released() {
         let others = env.others_rows();
         let inv = env.inventory("acme", "alice");
         let job = kill_at(&env, point);
-        let hold = [
-            "hold",
-            "add",
-            "--tenant",
-            "acme",
-            "--subject",
-            "alice",
-            "--reason",
-            "matter 7",
-        ];
-        assert_eq!(code(&env.run(&hold)), 0);
+        assert_eq!(code(&hold_alice(&env, "matter 7")), 0);
         // Compared by content, not file bytes: the run was killed mid-erase, and the next
         // process to open a store checkpoints its write-ahead log into the file.
         let left = env.inventory("acme", "alice");

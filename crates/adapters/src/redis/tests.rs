@@ -263,18 +263,6 @@ struct RedisCase<'a> {
     with_index: bool,
 }
 
-impl RedisCase<'_> {
-    /// Every key's row but `tenant`/`subject`'s: what an erase of that subject must leave as
-    /// it was, byte for byte.
-    fn others(&self, tenant: &str, subject: &str) -> Vec<Row> {
-        let me = (tenant.to_string(), subject.to_string());
-        self.snapshot()
-            .into_iter()
-            .filter(|r| r.owner != me)
-            .collect()
-    }
-}
-
 impl Case for RedisCase<'_> {
     fn adapter(&self) -> &dyn Adapter {
         self.adapter.adapter.as_ref()
