@@ -162,6 +162,13 @@ pub trait Adapter: Send + Sync {
         Ok(None)
     }
 
+    /// For a memory scope with an explicit version: `Err(what a version looks like here)` when
+    /// this target names versions in a form `version` cannot have, so a mistyped `--version`
+    /// is refused instead of matching nothing. Targets without versions accept any.
+    fn check_version(&self, _version: &Version) -> Result<(), &'static str> {
+        Ok(())
+    }
+
     /// Counts what the target holds for the scope, hidden rows included. Read-only.
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError>;
 
@@ -193,5 +200,67 @@ pub trait Adapter: Send + Sync {
     /// side of the fence. `None`: this kind cannot refuse writes by itself.
     fn guard(&self) -> Option<&dyn guard::Guard> {
         None
+    }
+}
+
+/// The form both LangGraph stores give a memory's version (its `updated_at` in UTC with
+/// microseconds): `YYYY-MM-DDTHH:MM:SS.ffffffZ`, as the Python client's `item_version` writes it.
+pub(crate) const UPDATED_AT_FORM: &str =
+    "its updated_at in UTC with microseconds, YYYY-MM-DDTHH:MM:SS.ffffffZ \
+     (for example 2026-12-04T09:30:00.123456Z)";
+
+/// Whether `v` has the form [`UPDATED_AT_FORM`] describes, with a month, day and time that can
+/// exist (the stores never write another).
+pub(crate) fn is_updated_at_version(v: &str) -> bool {
+    let b = v.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    let num = |r: std::ops::Range<usize>| v[r].parse::<u32>().unwrap_or(u32::MAX);
+    b.len() == 27
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19)
+        && b[19] == b'.'
+        && digits(20..26)
+        && b[26] == b'Z'
+        && (1..=12).contains(&num(5..7))
+        && (1..=31).contains(&num(8..10))
+        && num(11..13) < 24
+        && num(14..16) < 60
+        && num(17..19) < 61
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_updated_at_version;
+
+    #[test]
+    fn a_version_is_updated_at_in_utc_with_microseconds() {
+        for ok in ["2026-12-04T09:30:00.123456Z", "1999-01-31T23:59:59.000000Z"] {
+            assert!(is_updated_at_version(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "2026-12-04T09:30:00Z",
+            "2026-12-04 09:30:00.123456Z",
+            "2026-12-04T09:30:00.123456",
+            "2026-12-04T09:30:00.123456+00:00",
+            "2026-12-04T09:30:00.1234567Z",
+            "2026-00-04T09:30:00.123456Z",
+            "2026-12-32T09:30:00.123456Z",
+            "2026-12-04T24:30:00.123456Z",
+            "2026-12-04T09:60:00.123456Z",
+            "2026-1２-04T09:30:00.123456Z",
+            "+026-12-04T09:30:00.123456Z",
+        ] {
+            assert!(!is_updated_at_version(bad), "{bad}");
+        }
     }
 }

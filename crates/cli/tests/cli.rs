@@ -1011,6 +1011,139 @@ fn erased_content_is_not_left_readable_in_the_database_files() {
     );
 }
 
+/// A second store holding the same memory at its own `updated_at` (a copy written later): a
+/// request without `--version` is refused instead of certifying that store with 0, a malformed
+/// `--version` is refused instead of matching nothing, and one job per version erases each copy,
+/// touching nothing else.
+#[test]
+fn a_memory_two_stores_hold_at_two_versions_is_erased_one_version_a_job() {
+    let env = Env::with_config(&format!(
+        "{}\n[[target]]\nname = \"memories-copy\"\nkind = \"langgraph-sqlite-store\"\nclass = \"projection\"\npath = \"memory/store-copy.db\"\nnamespace = [\"{{tenant}}\", \"{{subject}}\"]\n",
+        CONFIG.replace("BATCH", "500")
+    ));
+    let (orig, copy) = (
+        env.path().join("memory/store.db"),
+        env.path().join("memory/store-copy.db"),
+    );
+    std::fs::copy(&orig, &copy).unwrap();
+    let row = |path: &Path| -> Option<String> {
+        rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT quote(value) || quote(updated_at) FROM store \
+                 WHERE prefix = 'acme.alice.memories' AND key = 'm-0001'",
+                [],
+                |r| r.get(0),
+            )
+            .ok()
+    };
+    rusqlite::Connection::open(&copy)
+        .unwrap()
+        .execute(
+            "UPDATE store SET updated_at = '2026-12-03 10:00:00' \
+             WHERE prefix = 'acme.alice.memories' AND key = 'm-0001'",
+            [],
+        )
+        .unwrap();
+    let all_copy = |path: &Path| -> Vec<String> {
+        let c = rusqlite::Connection::open(path).unwrap();
+        let mut st = c
+            .prepare("SELECT quote(prefix)||quote(key)||quote(value)||quote(updated_at) FROM store ORDER BY rowid")
+            .unwrap();
+        let v = st
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        v
+    };
+    let (copy_before, others_before) = (all_copy(&copy), env.others_rows());
+    let (orig_row, copy_row) = (row(&orig).unwrap(), row(&copy).unwrap());
+    let erase = |version: Option<&str>| {
+        let mut args = vec![
+            "erase",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--memory",
+            "memories/m-0001",
+            "--basis",
+            "gdpr-art17",
+            "--ticket",
+            "T",
+            "--json",
+        ];
+        if let Some(v) = version {
+            args.extend(["--version", v]);
+        }
+        env.run(&args)
+    };
+    let bytes = env.memory_bytes();
+
+    let out = erase(None);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("targets memories, memories-copy hold this memory at different versions"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("2026-12-0"),
+        "no version in the message"
+    );
+    for bad in [
+        "2026-12-03 10:00:00",
+        "2026-12-03T10:00:00Z",
+        "2026-13-03T10:00:00.000000Z",
+        "latest",
+    ] {
+        let out = erase(Some(bad));
+        assert_eq!(code(&out), 2, "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("YYYY-MM-DDTHH:MM:SS.ffffffZ"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+    assert_eq!(env.memory_bytes(), bytes, "nothing was touched");
+    assert_eq!(all_copy(&copy), copy_before);
+
+    let cert = |out: &Output| -> Value {
+        assert_eq!(code(out), 0, "{}", stderr(out));
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["certificate"]["targets"].clone()
+    };
+    let t = cert(&erase(Some("2026-12-02T09:58:14.000000Z")));
+    let n = t["memories"]["count"].as_u64().unwrap();
+    assert!(n >= 1, "the item and its vectors");
+    assert_eq!(
+        t["memories-copy"]["count"], 0,
+        "the copy is at another version"
+    );
+    assert_eq!(row(&orig), None);
+    assert_eq!(row(&copy).as_deref(), Some(copy_row.as_str()));
+    let t = cert(&erase(Some("2026-12-03T10:00:00.000000Z")));
+    assert_eq!(
+        (
+            t["memories"]["count"].clone(),
+            t["memories-copy"]["count"].clone()
+        ),
+        (0.into(), n.into())
+    );
+    assert_eq!(row(&copy), None);
+    assert_ne!(orig_row, copy_row);
+    // Nothing else moved: every other subject's rows, and every other row of the copy.
+    assert_eq!(env.others_rows(), others_before);
+    let rest: Vec<String> = copy_before
+        .into_iter()
+        .filter(|r| !r.starts_with("'acme.alice.memories''m-0001'"))
+        .collect();
+    assert_eq!(all_copy(&copy), rest);
+}
+
 #[test]
 fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
     let env = Env::new(500);

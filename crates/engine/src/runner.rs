@@ -189,25 +189,51 @@ impl Engine {
         }
     }
 
-    /// For a memory scope without a version: the version current now, from the first target
-    /// that holds the memory.
+    /// For a memory scope: the version to freeze. An explicit one must have a form every
+    /// versioned target can hold. Without one, the version current now, which every target
+    /// holding the memory must agree on: a scope is one version, and a store holding the
+    /// memory at another would be certified with 0 while it keeps it.
     pub(crate) fn resolve_version(&self, scope: &Scope) -> Result<Option<Version>, EngineError> {
         let Scope::Memory { version, .. } = scope else {
             return Ok(None);
         };
-        if version.is_some() {
-            return Ok(version.clone());
+        if let Some(v) = version {
+            for t in &self.targets {
+                if let Err(form) = t.adapter.check_version(v) {
+                    return Err(input(format!(
+                        "--version is not a version target {} can hold: a memory's version \
+                         there is {form}",
+                        t.name
+                    )));
+                }
+            }
+            return Ok(Some(v.clone()));
         }
+        let mut found: Vec<(&str, Version)> = Vec::new();
         for t in &self.targets {
             if let Some(v) = t.adapter.current_version(scope).map_err(input)? {
-                return Ok(Some(v));
+                found.push((&t.name, v));
             }
         }
-        Err(input(
-            "no target reports a current version of this memory (it is gone from the versioned \
-             stores, or only unversioned stores such as Redis hold it): give --version, the \
-             version the runtimes' leases record for it (a Redis key is erased whatever it is)",
-        ))
+        let Some((_, first)) = found.first() else {
+            return Err(input(
+                "no target reports a current version of this memory (it is gone from the \
+                 versioned stores, or only unversioned stores such as Redis hold it): give \
+                 --version, the version the runtimes' leases record for it (a Redis key is \
+                 erased whatever it is)",
+            ));
+        };
+        if found.iter().any(|(_, v)| v != first) {
+            // Target names only: a version is a memory's timestamp, kept out of messages.
+            let names: Vec<&str> = found.iter().map(|(name, _)| *name).collect();
+            return Err(input(format!(
+                "targets {} hold this memory at different versions, and a job erases one \
+                 version: request one job per version, each with --version (the item's \
+                 updated_at in that store)",
+                names.join(", ")
+            )));
+        }
+        Ok(Some(first.clone()))
     }
 
     /// Runs a job from wherever its journal says it is, until COMPLETE, BLOCKED or held.

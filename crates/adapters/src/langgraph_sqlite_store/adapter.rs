@@ -191,6 +191,14 @@ impl Adapter for Store {
         Ok(())
     }
 
+    fn check_version(&self, version: &Version) -> Result<(), &'static str> {
+        if crate::is_updated_at_version(version.as_str()) {
+            Ok(())
+        } else {
+            Err(crate::UPDATED_AT_FORM)
+        }
+    }
+
     fn current_version(&self, scope: &Scope) -> Result<Option<Version>, AdapterError> {
         let Selection::Item { ns, key, .. } = self.selection(scope)? else {
             return Ok(None);
