@@ -75,7 +75,7 @@ class GateClient:
         self._conns: dict[http.client.HTTPConnection, threading.Thread] = {}
         self._closed = False
         self._watcher = (
-            _Watcher(self, reconnect_max_s=reconnect_max_s, idle_s=stream_idle_s) if watch else None
+            _Watchers(self, reconnect_max_s=reconnect_max_s, idle_s=stream_idle_s) if watch else None
         )
 
     # ------------------------------------------------------------------ gate
@@ -183,8 +183,10 @@ class GateClient:
         self.close()
 
     @property
-    def stream_connected(self) -> threading.Event:
-        """Set while the revocation stream is open with every watched lease listed."""
+    def stream_connected(self) -> _AllConnected:
+        """Set while the revocation streams are open with every watched lease listed (one
+        stream per 10,000 leases). ``wait(timeout)`` and ``is_set()``, as a
+        :class:`threading.Event`."""
         if self._watcher is None:
             raise RuntimeError("this client was made with watch=False")
         return self._watcher.connected
@@ -435,8 +437,71 @@ class Permit:
         return False
 
 
+MAX_STREAM_LEASES = 10_000
+"""The most leases the gate lets one revocation stream list (`GET /v1/revocations`)."""
+
+
+class _AllConnected:
+    """Set while every stream of a client is open (reads like a :class:`threading.Event`)."""
+
+    def __init__(self, watchers: _Watchers) -> None:
+        self._watchers = watchers
+
+    def _watching(self) -> list[_Watcher]:
+        return [w for w in self._watchers.shards() if w.size()]
+
+    def is_set(self) -> bool:
+        active = self._watching()
+        return bool(active) and all(w.connected.is_set() for w in active)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for w in self._watching():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not w.connected.wait(left):
+                return False
+        return self.is_set()
+
+
+class _Watchers:
+    """A client's revocation streams: a lease joins the first stream listing fewer than
+    ``per_stream`` leases, or a new one, since the gate refuses a stream of more."""
+
+    def __init__(self, client: GateClient, *, reconnect_max_s: float, idle_s: float) -> None:
+        self._new = lambda: _Watcher(client, reconnect_max_s=reconnect_max_s, idle_s=idle_s)
+        self._lock = threading.Lock()
+        self._shards: list[_Watcher] = []
+        self.per_stream = MAX_STREAM_LEASES
+        self.connected = _AllConnected(self)
+
+    def shards(self) -> list[_Watcher]:
+        with self._lock:
+            return list(self._shards)
+
+    @property
+    def reconnects(self) -> int:
+        """Streams opened, over every shard (for tests and metrics)."""
+        return sum(w.reconnects for w in self.shards())
+
+    def add(self, lease: Lease) -> None:
+        with self._lock:
+            shard = next((w for w in self._shards if w.size() < self.per_stream), None)
+            if shard is None:
+                shard = self._new()
+                self._shards.append(shard)
+            shard.add(lease)
+
+    def remove(self, lease: Lease) -> None:
+        for w in self.shards():
+            w.remove(lease)
+
+    def stop(self) -> None:
+        for w in self.shards():
+            w.stop()
+
+
 class _Watcher:
-    """One SSE stream for every lease of a client; reopened with the new list when a lease is
+    """One SSE stream for up to ``MAX_STREAM_LEASES`` leases of a client; reopened with the new list when a lease is
     added (a lease revoked meanwhile is pushed at once when the stream opens), with backoff
     after errors, and after ``idle_s`` without a byte (the gate sends a keepalive every 15 s)."""
 
@@ -461,6 +526,10 @@ class _Watcher:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lethe-gate-revocations", daemon=True)
                 self._thread.start()
+
+    def size(self) -> int:
+        with self._cond:
+            return len(self._leases)
 
     def remove(self, lease: Lease) -> None:
         # The stream keeps listing it until the next reopen; its events are then ignored.

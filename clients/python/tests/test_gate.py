@@ -150,6 +150,38 @@ class GateTest(unittest.TestCase):
             with lease.permit("output"):
                 pass
 
+    def test_leases_past_one_streams_limit_are_watched_on_more_streams(self):
+        # The gate refuses a stream of more than 10,000 leases; the client splits at its limit
+        # (lowered here to 2, so five leases need three streams).
+        self.rt._watcher.per_stream = 2
+        subjects = [subject() for _ in range(5)]
+        leases = [self.rt.take_lease("acme", s) for s in subjects]
+        self.assertEqual([w.size() for w in self.rt._watcher.shards()], [2, 2, 1])
+        self.assertTrue(self.rt.stream_connected.wait(5), "every stream opened")
+        for i in (4, 1):  # the last stream's only lease, then one of the first stream's
+            self.erase("acme", subjects[i])
+            self.assertTrue(leases[i].revoked.wait(PUSH_BOUND_S), f"lease {i} got its push")
+        time.sleep(0.2)
+        self.assertEqual([x.revoked.is_set() for x in leases], [False, True, False, False, True])
+        # A lease closed frees its place: the next one joins the stream with room.
+        leases[2].close()
+        extra = self.rt.take_lease("acme", subject())
+        self.assertEqual(len(self.rt._watcher.shards()), 3)
+        self.assertIn(extra.lease_id, self.rt._watcher.shards()[1]._leases)
+
+    def test_more_leases_than_the_gate_lets_one_stream_list_still_get_their_push(self):
+        # The server's own limit (10,000 leases a stream): lease 10,001 needs a second stream.
+        s = subject()
+        leases = [self.rt.take_lease("acme", s) for _ in range(10_000)]
+        last_s = subject()
+        last = self.rt.take_lease("acme", last_s)
+        self.assertTrue(self.rt.stream_connected.wait(10), "both streams opened")
+        self.erase("acme", last_s)
+        self.assertTrue(last.revoked.wait(PUSH_BOUND_S), "the lease past the first stream got its push")
+        self.assertFalse(leases[0].revoked.is_set())
+        for x in leases:
+            x.close()
+
     def test_threads_share_one_client_and_the_fence_stops_them_all(self):
         s = subject()
         lease = self.rt.take_lease("acme", s)
@@ -223,10 +255,11 @@ class GateTest(unittest.TestCase):
 
     def test_memory_scope_erase_of_another_memory_leaves_the_lease_working(self):
         s = subject()
-        keep = self.rt.take_lease("acme", s, [("memories/k1", "v1")])
-        gone = self.rt.take_lease("acme", s, [("memories/k2", "v7")])
+        v1, v7 = "2026-12-01T10:00:00.000001Z", "2026-12-01T10:00:00.000007Z"
+        keep = self.rt.take_lease("acme", s, [("memories/k1", v1)])
+        gone = self.rt.take_lease("acme", s, [("memories/k2", v7)])
         self.assertTrue(self.rt.stream_connected.wait(5))
-        job = self.erase("acme", s, memory="memories/k2", version="v7")
+        job = self.erase("acme", s, memory="memories/k2", version=v7)
         self.assertTrue(gone.revoked.wait(PUSH_BOUND_S), "the lease that read the erased version was not revoked")
         with self.assertRaises(Refused):
             with gone.permit("tool"):

@@ -201,8 +201,8 @@ impl Engine {
             for t in &self.targets {
                 if let Err(form) = t.adapter.check_version(v) {
                     return Err(input(format!(
-                        "--version is not a version target {} can hold: a memory's version \
-                         there is {form}",
+                        "the version (--version) is not one target {} can hold: a memory's \
+                         version there is {form}",
                         t.name
                     )));
                 }
