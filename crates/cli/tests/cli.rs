@@ -1546,6 +1546,50 @@ fn a_redis_url_at_a_cluster_node_exits_2_and_touches_nothing() {
     redis_at(&owner, &[vec!["UNLINK", &key]]);
 }
 
+/// The mirror case: `nodes` listing a standalone server is a configuration error (exit 2,
+/// nothing touched), not an outage that blocks every job as unreachable.
+#[test]
+fn redis_nodes_at_a_standalone_server_exits_2_and_touches_nothing() {
+    let prefix = format!("ltstand{}", std::process::id());
+    let key = format!("{prefix}:acme:alice:a");
+    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let hostport = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    assert_eq!(redis_at(&hostport, &[vec!["SET", &key, "cached"]]), "+OK");
+    let env = Env::with_config(
+        &(CONFIG.replace("BATCH", "500")
+            + &format!(
+                "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nnodes = [\"redis://{hostport}\"]\npattern = \"{prefix}:{{tenant}}:{{subject}}:*\"\n"
+            )),
+    );
+    let before = env.memory_bytes();
+    for args in [
+        &ERASE_ALICE[..],
+        &["inventory", "--tenant", "acme", "--subject", "alice"],
+    ] {
+        let out = env.run(args);
+        refused(&out, "session-cache");
+        refused(&out, "without cluster support");
+        assert!(
+            !stderr(&out).contains("alice"),
+            "never echoes the identifier"
+        );
+    }
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+    assert_eq!(
+        redis_at(&hostport, &[vec!["GET", &key]]),
+        "$6",
+        "alice's key kept"
+    );
+    redis_at(&hostport, &[vec!["UNLINK", &key]]);
+}
+
 /// Index mode removes a subject's set with a script: a user without scripting is refused up
 /// front (exit 2, nothing touched), not after its keys are gone, where every resume would fail.
 #[test]

@@ -7,7 +7,9 @@ use std::time::Duration;
 use lethe_core::Scope;
 
 use super::layout::{glob_escape, prefixes_overlap, Template, Values};
-use super::resp::{is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply};
+use super::resp::{
+    is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply, NOT_A_CLUSTER,
+};
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// How a subject's keys are found.
@@ -121,6 +123,10 @@ impl Redis {
 
     /// A driver error: unreachable nodes and broken connections are worth retrying.
     fn unavailable(&self, why: String) -> AdapterError {
+        // The one error of the cluster's topology that retrying cannot mend.
+        if why == NOT_A_CLUSTER {
+            return self.failed(why);
+        }
         AdapterError::Unavailable {
             target: self.name.clone(),
             why,

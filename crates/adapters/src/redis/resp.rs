@@ -350,6 +350,10 @@ pub(crate) fn is_transient(e: &str) -> bool {
     )
 }
 
+/// `refresh`'s error when a `nodes` seed is a server without cluster support.
+pub(crate) const NOT_A_CLUSTER: &str = "`nodes` lists a server without cluster support: give a \
+     standalone server as `url = \"redis://...\"` (with `db`), not `nodes = [...]`";
+
 /// The primaries in a `CLUSTER NODES` reply, and how many of them are failing (`fail`,
 /// `fail?`) or have no address (`noaddr`). A node still in `handshake` has not joined: no slot
 /// can be routed to it. An empty host (a node that does not know its own address) is `seed`'s.
@@ -473,7 +477,8 @@ impl Nodes {
         self.conns.remove(addr);
     }
 
-    /// Reads the slot map from the first seed that answers.
+    /// Reads the slot map from the first seed that answers. A seed without cluster support
+    /// ends it with [`NOT_A_CLUSTER`]: a configuration error, not an outage.
     pub(crate) fn refresh(&mut self) -> Result<(), String> {
         if !self.cluster {
             return Ok(());
@@ -491,6 +496,11 @@ impl Nodes {
                     continue;
                 }
             };
+            if let Reply::Error(e) = &reply {
+                if e.contains("cluster support disabled") {
+                    return Err(NOT_A_CLUSTER.into());
+                }
+            }
             let mut slots = vec![None; 16384];
             for range in reply.array().unwrap_or(&[]) {
                 let r = range.array().unwrap_or(&[]);
