@@ -110,6 +110,14 @@ class GateClient:
             self._watcher.add(lease)
         return lease
 
+    def renew_lease(self, lease_id: int, ttl_ms: int = 60_000) -> int:
+        """Moves a lease's expiry to at least now + ``ttl_ms`` (prefer :meth:`Lease.renew`).
+        Returns the new expiry, milliseconds since 1970-01-01 UTC. Raises
+        :class:`~lethe_gate.Revoked` or :class:`~lethe_gate.Expired` for a lease that cannot be
+        renewed: read the memory again and take a new lease."""
+        r = self._call("POST", f"/v1/leases/{int(lease_id)}/renew", {"ttl_ms": int(ttl_ms)}, expect=(200,))
+        return int(r["expires_ms"])
+
     def take_permit(self, lease_id: int, sink: str) -> int:
         """Takes a permit (prefer :meth:`Lease.permit`). Returns its id."""
         if sink not in SINKS:
@@ -307,6 +315,16 @@ class Lease:
     def __repr__(self) -> str:
         state = "revoked" if self.revoked.is_set() else "live"
         return f"<Lease {self.lease_id} epoch={self.epoch} {state}>"
+
+    def renew(self, ttl_ms: int = 60_000) -> None:
+        """Keeps a long run's lease: its expiry moves to at least now + ``ttl_ms``. Call it
+        well before ``expires_ms`` (say at half the TTL). A revoked lease is marked and raises
+        :class:`~lethe_gate.Revoked`; an expired one raises :class:`~lethe_gate.Expired`."""
+        try:
+            self.expires_ms = self.client.renew_lease(self.lease_id, ttl_ms)
+        except Revoked:
+            self._mark_revoked()
+            raise
 
     def permit(self, sink: str) -> Permit:
         """A context manager holding a permit for ``sink`` (``output``, ``tool`` or ``state``)."""

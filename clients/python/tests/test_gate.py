@@ -182,6 +182,24 @@ class GateTest(unittest.TestCase):
         for x in leases:
             x.close()
 
+    def test_a_renewed_lease_outlives_its_first_ttl_until_an_erasure(self):
+        s = subject()
+        lease = self.rt.take_lease("acme", s, ttl_ms=1_000)
+        first = lease.expires_ms
+        lease.renew(60_000)
+        self.assertGreaterEqual(lease.expires_ms, first + 58_000)
+        time.sleep(1.2)  # the first TTL passes on the server's clock
+        with lease.permit("tool"):
+            pass
+        self.server.wait_job(self.op, self.erase("acme", s))
+        with self.assertRaises(Revoked):
+            lease.renew()
+        self.assertTrue(lease.revoked.is_set())
+        short = self.rt.take_lease("acme", subject(), ttl_ms=100)
+        time.sleep(0.3)
+        with self.assertRaises(lethe_gate.Expired):
+            short.renew()
+
     def test_threads_share_one_client_and_the_fence_stops_them_all(self):
         s = subject()
         lease = self.rt.take_lease("acme", s)

@@ -171,6 +171,17 @@ impl Client {
         }
     }
 
+    /// Keeps a long run's lease: its expiry moves to at least now + `ttl_ms`. Returns the new
+    /// expiry (milliseconds since 1970-01-01 UTC). Refused (`revoked`, `expired`) for a lease an
+    /// erasure revoked or whose TTL already passed: read the memory again, take a new lease.
+    pub fn renew_lease(&self, lease_id: i64, ttl_ms: u64) -> Result<i64> {
+        let body = json!({ "ttl_ms": ttl_ms });
+        let v = self.call("POST", &format!("/v1/leases/{lease_id}/renew"), Some(&body))?;
+        v.get("expires_ms")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| Error::Protocol("no expires_ms".into()))
+    }
+
     /// The boundary ended normally.
     pub fn release_permit(&self, permit: Permit) -> Result<()> {
         self.call("DELETE", &format!("/v1/permits/{}", permit.0), None)

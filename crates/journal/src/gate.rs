@@ -337,6 +337,46 @@ impl Journal {
         self.end_permit(permit, "cancelled")
     }
 
+    /// Extends a lease's TTL to at least `now + ttl`, for a run still working: returns its new
+    /// expiry (milliseconds since the epoch; never earlier than before). Refused for a lease
+    /// revoked, or already expired, whose ownership was reclaimed: the run reads the memory
+    /// again and takes a new lease. One statement on the lease's row, which a freeze revoking
+    /// it also writes: a renewal either commits before the revocation or sees it.
+    pub fn renew_lease(
+        &self,
+        now: OffsetDateTime,
+        lease: i64,
+        ttl: std::time::Duration,
+    ) -> Result<i64> {
+        let now_ms = millis(now);
+        let until = now_ms.saturating_add(ttl.as_millis() as i64);
+        self.write(|tx| {
+            let renewed = tx
+                .row(
+                    "UPDATE leases SET expires_ms = CASE WHEN expires_ms > $2 THEN expires_ms ELSE $2 END
+                      WHERE lease_id = $1 AND revoked_by IS NULL AND expires_ms > $3
+                      RETURNING expires_ms",
+                    &[V::I(lease), V::I(until), V::I(now_ms)],
+                )
+                .map_err(db)?;
+            if let Some(r) = renewed {
+                return Ok(r[0].i().unwrap_or(until));
+            }
+            let r = tx
+                .row(
+                    "SELECT revoked_by FROM leases WHERE lease_id = $1",
+                    &[V::I(lease)],
+                )
+                .map_err(db)?;
+            Err(match r {
+                None => GateError::NoSuchLease,
+                Some(r) if r[0].t().is_some() => GateError::Revoked,
+                Some(_) => GateError::Expired,
+            }
+            .into())
+        })
+    }
+
     /// Whether a lease was revoked. Runtimes poll this (the push stream comes with the HTTP gate).
     pub fn is_revoked(&self, lease: i64) -> Result<bool> {
         self.read(|tx| {

@@ -158,6 +158,7 @@ both!(
     freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease,
     lease_ttl_expiry_is_not_draining,
     an_expired_lease_takes_no_permit,
+    a_renewed_lease_outlives_its_first_ttl_until_revoked,
     memory_scope_revokes_only_leases_that_read_that_version,
     a_lease_from_an_old_epoch_is_stale_after_completion,
     tenant_scope_fences_every_subject_of_the_tenant_only,
@@ -462,6 +463,62 @@ fn an_expired_lease_takes_no_permit(st: Store) {
         j.take_permit(NOW + Duration::from_secs(2), l.id, Sink::State),
         Err(JournalError::Gate(GateError::Expired))
     ));
+}
+
+/// Renewal extends a working run's lease (never shortens it); an expired or revoked lease is
+/// not renewed, and a renewal gives nothing past a freeze.
+fn a_renewed_lease_outlives_its_first_ttl_until_revoked(st: Store) {
+    let j = st.open();
+    let secs = Duration::from_secs;
+    let ms = |at: time::OffsetDateTime| (at.unix_timestamp_nanos() / 1_000_000) as i64;
+    let l = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], secs(10))
+        .unwrap();
+    assert_eq!(
+        j.renew_lease(NOW + secs(5), l.id, secs(60)).unwrap(),
+        ms(NOW + secs(65))
+    );
+    // Past the first TTL, the renewed lease still takes permits.
+    let p = j.take_permit(NOW + secs(30), l.id, Sink::Tool).unwrap();
+    j.release_permit(p.id).unwrap();
+    // A shorter renewal keeps the later expiry.
+    assert_eq!(
+        j.renew_lease(NOW + secs(31), l.id, secs(1)).unwrap(),
+        ms(NOW + secs(65))
+    );
+    assert!(matches!(
+        j.take_permit(NOW + secs(66), l.id, Sink::Tool),
+        Err(JournalError::Gate(GateError::Expired))
+    ));
+    assert!(matches!(
+        j.renew_lease(NOW + secs(66), l.id, secs(60)),
+        Err(JournalError::Gate(GateError::Expired))
+    ));
+    assert!(matches!(
+        j.renew_lease(NOW, 987_654, secs(60)),
+        Err(JournalError::Gate(GateError::NoSuchLease))
+    ));
+    // Revoked by a freeze: no renewal, and none of bob's leases is touched.
+    let a = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], secs(10))
+        .unwrap();
+    let b = j
+        .take_lease(NOW, &t("acme"), &s("bob"), &[], secs(10))
+        .unwrap();
+    let job_a = job(&j, "del-a", subject_scope("acme", "alice"));
+    j.freeze(AT, &job_a, None).unwrap();
+    assert!(matches!(
+        j.renew_lease(NOW + secs(1), a.id, secs(60)),
+        Err(JournalError::Gate(GateError::Revoked))
+    ));
+    assert!(matches!(
+        j.take_permit(NOW + secs(1), a.id, Sink::Tool),
+        Err(JournalError::Gate(GateError::Revoked))
+    ));
+    assert_eq!(
+        j.renew_lease(NOW + secs(1), b.id, secs(60)).unwrap(),
+        ms(NOW + secs(61))
+    );
 }
 
 fn memory_scope_revokes_only_leases_that_read_that_version(st: Store) {

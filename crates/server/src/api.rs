@@ -50,6 +50,7 @@ pub(crate) fn router(state: State) -> Router {
         )
         .route("/v1/leases", post(take_lease))
         .route("/v1/leases/{lease_id}", get(lease_status))
+        .route("/v1/leases/{lease_id}/renew", post(renew_lease))
         .route("/v1/permits", post(take_permit))
         .route("/v1/permits/{permit_id}", delete(release_permit))
         .route("/v1/permits/{permit_id}/cancelled", post(confirm_cancelled))
@@ -220,6 +221,38 @@ async fn lease_status(
     let lease_id = path(lease_id)?;
     let revoked = gate(&state, move |j| j.is_revoked(lease_id)).await?;
     Ok(Json(json!({"lease_id": lease_id, "revoked": revoked})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewJson {
+    ttl_ms: Option<u64>,
+}
+
+/// A long run keeps its lease: the expiry moves to at least now + `ttl_ms`. Refused (409) for a
+/// lease revoked or already expired: read the memory again and take a new lease.
+async fn renew_lease(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    lease_id: Result<Path<i64>, PathRejection>,
+    b: Result<Json<RenewJson>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let lease_id = path(lease_id)?;
+    let ttl = body(b)?.ttl_ms.unwrap_or(60_000);
+    if ttl == 0 || ttl > MAX_TTL_MS {
+        return Err(ApiError::bad_request(
+            "ttl_ms must be between 1 and 86400000",
+        ));
+    }
+    let now = state.clock.now();
+    let expires_ms = gate(&state, move |j| {
+        j.renew_lease(now, lease_id, Duration::from_millis(ttl))
+    })
+    .await?;
+    Ok(Json(
+        json!({"lease_id": lease_id, "expires_ms": expires_ms}),
+    ))
 }
 
 #[derive(Deserialize)]

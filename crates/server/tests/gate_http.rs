@@ -407,6 +407,7 @@ both!(
     a_take_carrying_a_release_ends_that_permit_whatever_the_answer,
     a_permit_checked_after_the_close_is_refused_and_the_sink_admits_nothing,
     a_permit_held_forever_leaves_the_job_blocked_whatever_the_lease_ttl,
+    a_renewed_lease_keeps_a_long_run_going_until_an_erasure_revokes_it,
     memory_scope_revokes_only_the_lease_that_read_that_version,
     shutdown_ends_revocation_streams,
     a_restarted_server_keeps_fences_and_revocations,
@@ -1023,6 +1024,46 @@ fn a_permit_held_forever_leaves_the_job_blocked_whatever_the_lease_ttl(b: Backen
     // After completion the subject can be served again, at the new epoch.
     let fresh = rt.take_lease("acme", "alice", &[], 1_000).unwrap();
     assert_eq!(fresh.epoch, lease.epoch + 1);
+}
+
+fn a_renewed_lease_keeps_a_long_run_going_until_an_erasure_revokes_it(b: Backend) {
+    let clock = Arc::new(ManualClock::new(
+        time::macros::datetime!(2026-12-02 10:00 UTC),
+    ));
+    let env = Env::new(b, clock.clone());
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "alice", &[], 10_000).unwrap();
+    clock.advance(Duration::from_secs(8));
+    let until = rt.renew_lease(lease.lease_id, 60_000).unwrap();
+    assert_eq!(until, lease.expires_ms + 58_000);
+    clock.advance(Duration::from_secs(30)); // past the first TTL, within the renewed one
+    let p = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    rt.release_permit(p).unwrap();
+    for (body, why) in [
+        (json!({"ttl_ms": 0}), "bad_request"),
+        (json!({"ttl": 5}), "bad_request"),
+    ] {
+        let path = format!("/v1/leases/{}/renew", lease.lease_id);
+        assert_eq!(code(rt.call("POST", &path, Some(&body)).unwrap_err()), why);
+    }
+    assert_eq!(
+        code(rt.renew_lease(987_654, 1_000).unwrap_err()),
+        "no_such_lease"
+    );
+    // An erasure revokes it: no renewal brings it back.
+    let job = env.erase("alice", 5);
+    env.wait_job(&job, |v| v["state"] == "COMPLETE");
+    assert_eq!(
+        code(rt.renew_lease(lease.lease_id, 60_000).unwrap_err()),
+        "revoked"
+    );
+    // A lease whose TTL passed is not renewed either.
+    let bob = rt.take_lease("acme", "bob", &[], 1_000).unwrap();
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        code(rt.renew_lease(bob.lease_id, 60_000).unwrap_err()),
+        "expired"
+    );
 }
 
 fn memory_scope_revokes_only_the_lease_that_read_that_version(b: Backend) {
