@@ -1144,6 +1144,52 @@ fn a_memory_two_stores_hold_at_two_versions_is_erased_one_version_a_job() {
     assert_eq!(all_copy(&copy), rest);
 }
 
+/// The deployment key is bound to the journal: once it holds jobs, a lost key file is not
+/// silently replaced by a new key, and another key is refused, so old scope hashes and
+/// certificates stay checkable and an open job is continued, not duplicated.
+#[test]
+fn a_lost_or_swapped_key_file_is_refused_once_the_journal_holds_jobs() {
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&["hold", "add", "--tenant", "acme"])), 0);
+    assert_eq!(
+        code(&env.run(&ERASE_ALICE)),
+        4,
+        "held: the job stays REQUESTED"
+    );
+    let key = env.path().join("lethe.key");
+    let original = std::fs::read(&key).unwrap();
+    let before = env.memory_bytes();
+    std::fs::remove_file(&key).unwrap();
+    for args in [
+        &["jobs"][..],
+        &["hold", "release", "--tenant", "acme"],
+        &["journal", "verify"],
+        &ERASE_ALICE,
+    ] {
+        let out = env.run(args);
+        refused(&out, "lethe.key is missing");
+        refused(&out, "ed25519:");
+        assert!(!key.exists(), "{args:?} made a new key");
+    }
+    let other = "11".repeat(32);
+    std::fs::write(&key, format!("{other}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    refused(
+        &env.run(&ERASE_ALICE),
+        "but this journal's jobs were signed",
+    );
+    assert_eq!(env.memory_bytes(), before, "nothing was touched");
+    std::fs::write(&key, &original).unwrap();
+    assert_eq!(code(&env.run(&["hold", "release", "--tenant", "acme"])), 0);
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(
+        out["continued"], true,
+        "the held job is continued, not duplicated"
+    );
+}
+
 #[test]
 fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
     let env = Env::new(500);

@@ -132,7 +132,8 @@ pub fn canonical_json(v: &Value) -> String {
     sorted(v).to_string()
 }
 
-fn key_name(k: &VerifyingKey) -> String {
+/// A public key's name as certificates write it: `ed25519:<64 hex>`.
+pub fn key_name(k: &VerifyingKey) -> String {
     format!("ed25519:{}", hex::encode(k.as_bytes()))
 }
 

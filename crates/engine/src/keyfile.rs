@@ -9,13 +9,37 @@ use lethe_core::keys::DeploymentKey;
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     /// Reading or creating it failed.
-    #[error("key file {path}: {source}")]
+    #[error("key file {path}: {cause}")]
     Io {
         /// The file.
         path: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
+        /// Why (in the message, not a chained source: shown once).
+        cause: std::io::Error,
+    },
+    /// The file is gone while the journal holds jobs made with a key.
+    #[error(
+        "key file {path} is missing, but this journal's jobs were signed and hashed with key \
+         {recorded}: restore the file from your backup (a new key would leave every scope hash \
+         unmatchable and every certificate unverifiable against the configuration)"
+    )]
+    Lost {
+        /// The file.
+        path: String,
+        /// The public key the journal recorded, or a note that an older Lethe recorded none.
+        recorded: String,
+    },
+    /// The file holds another key than the one the journal's jobs were made with.
+    #[error(
+        "key file {path} holds key {found}, but this journal's jobs were signed and hashed \
+         with key {recorded}: point key_file at that key's file"
+    )]
+    Mismatch {
+        /// The file.
+        path: String,
+        /// Its key's public id.
+        found: String,
+        /// The journal's.
+        recorded: String,
     },
     /// It does not hold 64 hex digits.
     #[error("key file {0} does not hold a key (64 hex digits)")]
@@ -31,9 +55,9 @@ pub enum KeyError {
 /// Loads the key, or creates it (0600) if the file does not exist.
 pub fn load_or_create(path: &Path) -> Result<DeploymentKey, KeyError> {
     let shown = path.display().to_string();
-    let io = |source| KeyError::Io {
+    let io = |cause| KeyError::Io {
         path: shown.clone(),
-        source,
+        cause,
     };
     match std::fs::read_to_string(path) {
         Ok(text) => {
@@ -78,7 +102,7 @@ pub fn load(path: &Path) -> Result<DeploymentKey, KeyError> {
     if !path.exists() {
         return Err(KeyError::Io {
             path: path.display().to_string(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            cause: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         });
     }
     load_or_create(path)

@@ -64,7 +64,7 @@ impl EngineError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            EngineError::Input(_) => 2,
+            EngineError::Input(_) | EngineError::Key(_) => 2,
             EngineError::Held { .. } => 4,
             EngineError::Claimed(_) => 3,
             _ => 1,
@@ -223,7 +223,7 @@ impl Engine {
         journal: Journal,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, EngineError> {
-        let key = keyfile::load_or_create(&config.key_file)?;
+        let key = Self::journal_key(&config.key_file, &journal)?;
         Ok(Self {
             journal,
             targets: config.targets,
@@ -236,6 +236,36 @@ impl Engine {
             gate: None,
             probed: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The deployment key, bound to the journal: created only for a journal without jobs,
+    /// and refused when it is not the key the journal's jobs were made with.
+    fn journal_key(
+        path: &std::path::Path,
+        journal: &Journal,
+    ) -> Result<lethe_core::keys::DeploymentKey, EngineError> {
+        let shown = path.display().to_string();
+        let recorded = journal.signing_key()?;
+        if !path.exists() && (recorded.is_some() || journal.has_jobs()?) {
+            return Err(keyfile::KeyError::Lost {
+                path: shown,
+                recorded: recorded
+                    .unwrap_or_else(|| "(not recorded by the Lethe that made them)".into()),
+            }
+            .into());
+        }
+        let key = keyfile::load_or_create(path)?;
+        let mine = lethe_core::certificate::key_name(&key.verifying_key());
+        let bound = journal.bind_signing_key(&mine)?;
+        if bound != mine {
+            return Err(keyfile::KeyError::Mismatch {
+                path: shown,
+                found: mine,
+                recorded: bound,
+            }
+            .into());
+        }
+        Ok(key)
     }
 
     /// The journal, for listings and the gate's library API.

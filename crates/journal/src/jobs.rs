@@ -391,6 +391,45 @@ impl Journal {
         self.read(|tx| load_job(tx, job_id))
     }
 
+    /// Whether the journal holds any job.
+    pub fn has_jobs(&self) -> Result<bool> {
+        self.read(|tx| {
+            Ok(tx
+                .row("SELECT job_id FROM jobs LIMIT 1", &[])
+                .map_err(db)?
+                .is_some())
+        })
+    }
+
+    /// The public key recorded as the one this journal's jobs are signed and hashed with
+    /// (`ed25519:<hex>`), recording `id` first if none is: returns the recorded one, which
+    /// may be another. A deployment key file lost or swapped is noticed by this, before a new
+    /// key makes every scope hash unmatchable and every certificate unverifiable.
+    pub fn bind_signing_key(&self, id: &str) -> Result<String> {
+        self.write(|tx| {
+            tx.exec(
+                "INSERT INTO lethe_meta (k, v) VALUES ('signing_key', $1) ON CONFLICT (k) DO NOTHING",
+                &[id.into()],
+            )
+            .map_err(db)?;
+            Ok(tx
+                .row("SELECT v FROM lethe_meta WHERE k = 'signing_key'", &[])
+                .map_err(db)?
+                .map(|r| r[0].text())
+                .unwrap_or_default())
+        })
+    }
+
+    /// The recorded signing key's public id, if any (see [`Journal::bind_signing_key`]).
+    pub fn signing_key(&self) -> Result<Option<String>> {
+        self.read(|tx| {
+            Ok(tx
+                .row("SELECT v FROM lethe_meta WHERE k = 'signing_key'", &[])
+                .map_err(db)?
+                .map(|r| r[0].text()))
+        })
+    }
+
     /// Every job, oldest first.
     pub fn jobs(&self) -> Result<Vec<JobRecord>> {
         self.read(|tx| {
