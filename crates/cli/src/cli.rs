@@ -550,6 +550,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 .map_err(|e| Exit(2, e))?;
             let doc: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| bad(format!("{} is not JSON: {e}", file.display())))?;
+            lethe_core::certificate::refuse_duplicate_keys(&text).map_err(|e| Exit(1, e.into()))?;
             let key = match (&public_key, &tenant) {
                 (Some(_), Some(_)) => {
                     return Err(bad("--tenant needs the deployment key; drop --public-key"))

@@ -86,8 +86,16 @@ pub fn parse_public_key(s: &str) -> Result<ed25519_dalek::VerifyingKey, String> 
     let mut b = [0u8; 32];
     hex::decode_to_slice(hex, &mut b)
         .map_err(|_| "--public-key must be ed25519:<64 hex>".to_string())?;
-    ed25519_dalek::VerifyingKey::from_bytes(&b)
-        .map_err(|_| "--public-key is not a valid Ed25519 key".to_string())
+    let key = ed25519_dalek::VerifyingKey::from_bytes(&b)
+        .map_err(|_| "--public-key is not a valid Ed25519 key".to_string())?;
+    if key.is_weak() {
+        return Err(
+            "--public-key is a weak (small-order) Ed25519 key, under which a signature proves \
+             nothing"
+                .to_string(),
+        );
+    }
+    Ok(key)
 }
 
 /// A DPO-readable summary of a signed certificate.

@@ -813,6 +813,45 @@ fn certificates_verify_offline_and_bind_the_scope() {
         .output()
         .unwrap();
     assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    // A key named twice: a reader sees the first value, a parser keeps the last (the signed
+    // one). Refused as malformed, whichever comes first.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let signed: Value = serde_json::from_str(&text).unwrap();
+    let count = signed["targets"]["memories"]["count"].to_string();
+    let sig = signed["signature"].to_string();
+    for (from, to) in [
+        (
+            format!("\"count\":{count}"),
+            format!("\"count\":0,\"count\":{count}"),
+        ),
+        (
+            format!("\"signature\":{sig}"),
+            format!("\"signature\":\"ed25519:00\",\"signature\":{sig}"),
+        ),
+        (
+            "\"scope\":\"SUBJECT\"".to_string(),
+            "\"scope\":\"TENANT\",\"scope\":\"SUBJECT\"".to_string(),
+        ),
+    ] {
+        let compact = signed.to_string();
+        assert!(compact.contains(&from), "{from} in {compact}");
+        let twice = env.path().join("twice.json");
+        std::fs::write(&twice, compact.replacen(&from, &to, 1)).unwrap();
+        let out = env.run(&["certificate", "verify", twice.to_str().unwrap()]);
+        assert_eq!(code(&out), 1, "{to}: {}", stderr(&out));
+        assert!(stderr(&out).contains("appears twice"), "{}", stderr(&out));
+    }
+    // A weak (small-order) public key would make a forged signature verify: refused.
+    let weak = format!("ed25519:01{}", "0".repeat(62));
+    let out = env.run(&[
+        "certificate",
+        "verify",
+        file.to_str().unwrap(),
+        "--public-key",
+        &weak,
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("weak"), "{}", stderr(&out));
     let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     doc["targets"]["memories"]["count"] = 1.into();
     std::fs::write(&file, doc.to_string()).unwrap();

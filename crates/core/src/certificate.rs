@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use ed25519_dalek::{Signature, Signer, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, VerifyingKey};
 use serde_json::Value;
 use time::Date;
 
@@ -137,6 +137,62 @@ pub fn key_name(k: &VerifyingKey) -> String {
     format!("ed25519:{}", hex::encode(k.as_bytes()))
 }
 
+/// Refuses a document in which an object names a key twice. A JSON parser keeps one of the
+/// two values (serde_json the last), so the text a person reads could differ from what was
+/// signed and verified.
+pub fn refuse_duplicate_keys(text: &str) -> Result<(), CertificateError> {
+    use serde::de::{Deserialize, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+
+    struct Unique;
+    impl<'de> Deserialize<'de> for Unique {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(Unique)
+        }
+    }
+    impl<'de> Visitor<'de> for Unique {
+        type Value = Unique;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_unit<E>(self) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Unique, A::Error> {
+            while a.next_element::<Unique>()?.is_some() {}
+            Ok(Unique)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Unique, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(k) = a.next_key::<String>()? {
+                if !seen.insert(k.clone()) {
+                    return Err(A::Error::custom(format!("the key \"{k}\" appears twice")));
+                }
+                a.next_value::<Unique>()?;
+            }
+            Ok(Unique)
+        }
+    }
+    let mut d = serde_json::Deserializer::from_str(text);
+    Unique::deserialize(&mut d)
+        .and_then(|_| d.end())
+        .map_err(|e| CertificateError::Malformed(e.to_string()))
+}
+
 impl Certificate {
     /// Signs the certificate; returns the signed JSON document.
     pub fn sign(mut self, key: &DeploymentKey) -> Value {
@@ -177,8 +233,15 @@ impl Certificate {
             .ok_or_else(|| {
                 CertificateError::Malformed("signature is not ed25519:<128 hex>".into())
             })?;
+        if trusted.is_weak() {
+            // A small-order key: some signature verifies for any content under it.
+            return Err(CertificateError::Malformed(
+                "the trusted key is a weak (small-order) Ed25519 key".into(),
+            ));
+        }
+        // Strict: no small-order R, no non-canonical S (RFC 8032 as written, not a variant).
         trusted
-            .verify(
+            .verify_strict(
                 canonical_json(&unsigned).as_bytes(),
                 &Signature::from_bytes(&bytes),
             )
