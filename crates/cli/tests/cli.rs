@@ -1917,6 +1917,18 @@ fn a_job_whose_inventoried_target_left_the_config_refuses_to_run_until_it_is_bac
     }
     assert_eq!(env.inventory("acme", "alice")["checkpoints"]["count"], 0);
     assert_eq!(env.others_rows(), others, "others untouched");
+    // COMPLETE touches no target: with the configuration pointing elsewhere (a moved
+    // deployment), a lost certificate file is still rewritten from the journal.
+    let cert = env.path().join("certificates").join(format!("{job}.json"));
+    let signed = std::fs::read(&cert).unwrap();
+    std::fs::remove_file(&cert).unwrap();
+    let repointed = std::fs::read_to_string(env.path().join("lethe.toml"))
+        .unwrap()
+        .replace("memory/store.db", "memory/store-copy.db");
+    std::fs::write(env.path().join("lethe.toml"), repointed).unwrap();
+    let out = env.run(&["resume", &job]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(std::fs::read(&cert).unwrap(), signed);
 }
 
 /// An erasure that finds nothing completes (a certificate of nothing is valid) and warns on

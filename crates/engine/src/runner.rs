@@ -320,11 +320,13 @@ impl Engine {
     ) -> Result<Outcome, EngineError> {
         let job_id = claim.job_id.clone();
         let job_id = job_id.as_str();
-        self.refuse_if_targets_missing(job_id)?;
         // A hold added while the job was interrupted (killed mid-erase, say) stops it too:
         // preservation wins over erasure in every state but COMPLETE, not only before the freeze.
+        // A COMPLETE job touches no target (it only rewrites its certificate file), so where
+        // the targets are now does not matter to it.
         let job = self.journal.job(job_id)?;
         if job.state != JobState::Complete {
+            self.refuse_if_targets_missing(job_id)?;
             self.refuse_if_job_held(&job)?;
         }
         loop {
