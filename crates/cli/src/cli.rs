@@ -575,6 +575,12 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 let dk = lethe_engine::keyfile::load(&cfg.key_file).map_err(bad)?;
                 if !cert.is_for(&scope.hash(&dk.scope_key())) {
                     outln!("Signature valid, but the certificate is NOT for that scope.");
+                    if matches!(scope, Scope::Memory { version: None, .. }) {
+                        outln!(
+                            "A memory certificate binds the version it erased: give --version \
+                             (the item's updated_at, as the job froze it)."
+                        );
+                    }
                     return Ok(1);
                 }
                 outln!(

@@ -1020,6 +1020,29 @@ fn memory_scope_erases_one_item_and_tombstones_its_version() {
         out["certificate"]["subject_epoch"], 0,
         "a memory scope does not bump the epoch"
     );
+    // The certificate binds the version the job froze, which the request did not name.
+    let job = out["job_id"].as_str().unwrap();
+    let file = env.path().join("certificates").join(format!("{job}.json"));
+    let verify = |version: Option<&str>| {
+        let mut args = vec![
+            "certificate",
+            "verify",
+            file.to_str().unwrap(),
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--memory",
+            &memory,
+        ];
+        args.extend(version.map(|v| ["--version", v]).into_iter().flatten());
+        env.run(&args)
+    };
+    let out = verify(None);
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("give --version"));
+    assert_eq!(code(&verify(Some("2026-12-02T09:58:14.000000Z"))), 0);
+    assert_eq!(code(&verify(Some("2026-12-02T09:58:15.000000Z"))), 1);
 }
 
 fn contains(hay: &[u8], needle: &str) -> bool {

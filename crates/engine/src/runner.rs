@@ -761,7 +761,9 @@ impl Engine {
             format: certificate::FORMAT.to_string(),
             job_id: job.job_id.clone(),
             scope: job.scope.kind(),
-            scope_hash: job.scope_hash.clone(),
+            // A memory scope's hash binds the version frozen, which a request without one
+            // did not name: the certificate says which version is gone.
+            scope_hash: self.scope_hash(&Self::frozen_scope(job)),
             subject_epoch: job.subject_epoch,
             tenant_epoch: job.tenant_epoch,
             basis: job.basis,
