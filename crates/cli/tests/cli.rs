@@ -971,6 +971,89 @@ fn journal_verify_catches_an_edited_entry() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("was edited"));
 }
 
+/// The certificate is built from the job table and the inventory counts, so an edit of those
+/// (no hash to recompute) is caught by `journal verify`, and a runner refuses to sign it.
+#[test]
+fn journal_verify_and_the_runner_catch_edited_job_tables() {
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&ERASE_ALICE)), 0);
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    let done = jobs[0]["job_id"].as_str().unwrap().to_string();
+    let db = env.path().join("lethe-journal.db");
+    let verify = || {
+        let out = env.run(&["journal", "verify"]);
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(verify().0, 0, "{}", verify().1);
+    let edits = [
+        ("UPDATE jobs SET basis = 'ccpa'", "basis in the job table"),
+        (
+            "UPDATE jobs SET policy_version = 'forged'",
+            "policy_version in the job table",
+        ),
+        (
+            "UPDATE jobs SET deadline = '2027-03-01'",
+            "deadline in the job table",
+        ),
+        (
+            "UPDATE jobs SET requested_at = '2026-11-01T00:00:00Z'",
+            "requested_at in the job table",
+        ),
+        (
+            "UPDATE jobs SET subject_epoch = 9",
+            "subject_epoch in the job table",
+        ),
+        (
+            "UPDATE jobs SET certificate = NULL",
+            "certificate in the job table",
+        ),
+        (
+            "UPDATE target_progress SET inventoried = 0 WHERE target = 'checkpoints'",
+            "inventory counts",
+        ),
+        ("DELETE FROM jobs", "missing from the job table"),
+    ];
+    for (sql, found) in edits {
+        let copy = env.path().join("journal-copy.db");
+        std::fs::copy(&db, &copy).unwrap();
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute(sql, [])
+            .unwrap();
+        let (c, out) = verify();
+        assert_eq!(c, 1, "{sql}: {out}");
+        assert!(out.contains(found), "{sql}: {out}");
+        assert!(!out.contains("alice"), "{out}");
+        std::fs::rename(&copy, &db).unwrap();
+    }
+    assert_eq!(verify().0, 0, "restored");
+    // An interrupted job whose row and counts were edited before its certificate: not signed.
+    let job = kill_at(&env, "before-verify");
+    assert_ne!(job, done);
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(&format!(
+            "UPDATE jobs SET basis = 'ccpa' WHERE job_id = '{job}';
+             UPDATE target_progress SET inventoried = 0 WHERE job_id = '{job}'"
+        ))
+        .unwrap();
+    let out = env.run(&["resume", &job]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no certificate is signed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!env
+        .path()
+        .join("certificates")
+        .join(format!("{job}.json"))
+        .exists());
+}
+
 #[test]
 fn memory_scope_erases_one_item_and_tombstones_its_version() {
     let env = Env::new(500);

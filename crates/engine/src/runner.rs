@@ -757,6 +757,17 @@ impl Engine {
             return Ok(Step::Blocked);
         }
         self.pause_point(opts, "before-complete");
+        // The certificate is built from the job's row and progress: they must say what the
+        // chain recorded, or an edit of those tables would be signed.
+        let problems = self.journal.projection_problems(&job.job_id)?;
+        if !problems.is_empty() {
+            return Err(EngineError::Journal(lethe_journal::JournalError::Corrupt(
+                format!(
+                    "{}; no certificate is signed (run `lethe journal verify`)",
+                    problems.join("; ")
+                ),
+            )));
+        }
         let cert = Certificate {
             format: certificate::FORMAT.to_string(),
             job_id: job.job_id.clone(),

@@ -3,13 +3,15 @@
 //! Each entry's hash is SHA-256 over its format, sequence number, time, job, kind, body and the
 //! previous entry's hash, each length-prefixed. `lethe_meta.head` holds the last sequence number
 //! and hash, written in the same transaction as the entry, so deleting the newest entries is
-//! caught too. Verification also replays every job's transitions and compares them with the job
-//! table.
+//! caught too, unless the head is rewritten to match (it is not keyed). Verification also
+//! replays every job's transitions and compares the job table and inventory counts, from which
+//! certificates are built, with what the entries record.
 //!
-//! What it does not stop: someone with write access who recomputes the whole chain. Signed
-//! certificates, kept elsewhere, are the anchor against that.
+//! What it does not stop: someone with write access who recomputes the whole chain, or cuts
+//! its newest entries and rewrites the head. Signed certificates, kept elsewhere, are the
+//! anchor against that.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use lethe_core::state::{transition, JobState};
 use sha2::{Digest, Sha256};
@@ -137,6 +139,7 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     // Each job's scope and its hash as requested: what the job table says it acts on must be
     // what the chain says was asked for.
     let mut requested: HashMap<String, (lethe_core::Scope, String)> = HashMap::new();
+    let mut facts: BTreeMap<String, Facts> = BTreeMap::new();
     let entries = rows.len() as u64;
     for r in rows {
         let seq = r[0].i().unwrap_or(-1);
@@ -164,6 +167,9 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         }
         match serde_json::from_str::<Entry>(&body) {
             Ok(entry) => {
+                if let Some(job) = &job {
+                    facts.entry(job.clone()).or_default().add(&at, &entry);
+                }
                 if let (
                     Some(job),
                     Entry::JobRequested {
@@ -236,6 +242,9 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
             )),
         }
     }
+    for (job, f) in &facts {
+        problems.extend(projection_problems(tx, job, f)?);
+    }
     Ok(ChainReport {
         entries,
         jobs: jobs.len() as u64,
@@ -243,10 +252,146 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     })
 }
 
+/// What the chain says of one job that the job table and `target_progress` project: the
+/// request, the freeze, each target's inventoried rows, and the certificate's digest. A
+/// certificate is built from the projection, so each must match.
+#[derive(Default)]
+struct Facts {
+    /// basis, policy version, deadline, and the request's time.
+    requested: Option<(String, String, String, String)>,
+    /// subject epoch, tenant epoch, tombstoned version.
+    fence: Option<(Option<u64>, Option<u64>, Option<String>)>,
+    inventoried: BTreeMap<String, u64>,
+    certificate_sha256: Option<String>,
+}
+
+impl Facts {
+    fn add(&mut self, at: &str, e: &Entry) {
+        match e {
+            Entry::JobRequested {
+                basis,
+                policy_version,
+                deadline,
+                ..
+            } => {
+                self.requested = Some((
+                    basis.as_str().to_string(),
+                    policy_version.clone(),
+                    deadline.clone(),
+                    at.to_string(),
+                ))
+            }
+            Entry::FenceClosed {
+                subject_epoch,
+                tenant_epoch,
+                tombstone_version,
+                ..
+            } => self.fence = Some((*subject_epoch, *tenant_epoch, tombstone_version.clone())),
+            Entry::InventoryTaken { target, count, .. }
+            | Entry::InventoryExtended { target, count, .. } => {
+                *self.inventoried.entry(target.clone()).or_default() += count
+            }
+            Entry::TargetExempt { target, .. } => {
+                self.inventoried.entry(target.clone()).or_default();
+            }
+            Entry::Completed { certificate_sha256 } => {
+                self.certificate_sha256 = Some(certificate_sha256.clone())
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Where the job's row and progress differ from its chain facts. Messages name the job and
+/// the column, never a value.
+fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let Some(req) = &f.requested else {
+        return Ok(out);
+    };
+    let Some(r) = tx
+        .row(
+            "SELECT basis, policy_version, deadline, requested_at, subject_epoch, tenant_epoch, \
+             tombstone_version, certificate FROM jobs WHERE job_id = $1",
+            &[job.into()],
+        )
+        .map_err(db)?
+    else {
+        out.push(format!(
+            "job {job} was requested in the journal but is missing from the job table"
+        ));
+        return Ok(out);
+    };
+    let mut differs = |what: &str, same: bool| {
+        if !same {
+            out.push(format!(
+                "job {job}'s {what} in the job table is not what the journal recorded"
+            ));
+        }
+    };
+    differs("basis", r[0].text() == req.0);
+    differs("policy_version", r[1].text() == req.1);
+    differs("deadline", r[2].text() == req.2);
+    differs("requested_at", r[3].text() == req.3);
+    let (se, te, tv) = f.fence.clone().unwrap_or_default();
+    differs("subject_epoch", r[4].i().map(|v| v as u64) == se);
+    differs("tenant_epoch", r[5].i().map(|v| v as u64) == te);
+    differs("tombstone_version", r[6].t().map(str::to_owned) == tv);
+    let stored = r[7].t().map(|c| {
+        serde_json::from_str::<serde_json::Value>(c)
+            .map(|v| {
+                hex::encode(Sha256::digest(
+                    lethe_core::certificate::canonical_json(&v).as_bytes(),
+                ))
+            })
+            .unwrap_or_default()
+    });
+    differs("certificate", stored == f.certificate_sha256);
+    let progress: BTreeMap<String, u64> = tx
+        .rows(
+            "SELECT target, inventoried FROM target_progress WHERE job_id = $1 AND inventoried IS NOT NULL",
+            &[job.into()],
+        )
+        .map_err(db)?
+        .iter()
+        .map(|r| (r[0].text(), r[1].i().unwrap_or(-1) as u64))
+        .collect();
+    let chain: BTreeMap<String, u64> = f
+        .inventoried
+        .iter()
+        .filter(|(t, _)| progress.contains_key(*t) || f.inventoried[*t] > 0)
+        .map(|(t, n)| (t.clone(), *n))
+        .collect();
+    differs("inventory counts", progress == chain);
+    Ok(out)
+}
+
 impl Journal {
     /// Walks the whole chain and replays every job. Read-only.
     pub fn verify_chain(&self) -> Result<ChainReport> {
         self.read(verify_tx)
+    }
+
+    /// Where a job's row and progress differ from what its chain entries record (basis,
+    /// policy, deadline, times, epochs, tombstone, inventoried counts, certificate): empty when
+    /// they agree. The runner checks this before it signs, since the certificate is built from
+    /// the projection.
+    pub fn projection_problems(&self, job_id: &str) -> Result<Vec<String>> {
+        self.read(|tx| {
+            let mut f = Facts::default();
+            for r in tx
+                .rows(
+                    "SELECT at, body FROM journal WHERE job_id = $1 ORDER BY seq",
+                    &[job_id.into()],
+                )
+                .map_err(db)?
+            {
+                let e: Entry = serde_json::from_str(&r[1].text())
+                    .map_err(|e| JournalError::Corrupt(e.to_string()))?;
+                f.add(&r[0].text(), &e);
+            }
+            projection_problems(tx, job_id, &f)
+        })
     }
 
     /// A job's entries, oldest first.
