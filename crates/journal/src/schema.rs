@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS journal (
     prev_hash TEXT NOT NULL,
     hash      TEXT NOT NULL
 );
+-- A job's entries, read before its certificate is signed (`projection_problems`).
+CREATE INDEX IF NOT EXISTS journal_job ON journal (job_id);
 
 -- A projection of the chain: each job's current state, for fast reads.
 CREATE TABLE IF NOT EXISTS jobs (
