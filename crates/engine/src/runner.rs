@@ -885,7 +885,9 @@ impl Engine {
                 _ => None,
             })
             .collect();
-        codes.dedup();
+        // Each reason once, in the order first met (a job may block on it again later).
+        let mut seen = std::collections::HashSet::new();
+        codes.retain(|c| seen.insert(c.clone()));
         Ok(codes)
     }
 
