@@ -209,8 +209,8 @@ pub(crate) const UPDATED_AT_FORM: &str =
     "its updated_at in UTC with microseconds, YYYY-MM-DDTHH:MM:SS.ffffffZ \
      (for example 2026-12-04T09:30:00.123456Z)";
 
-/// Whether `v` has the form [`UPDATED_AT_FORM`] describes, with a month, day and time that can
-/// exist (the stores never write another).
+/// Whether `v` has the form [`UPDATED_AT_FORM`] describes, at a date and time that exist (no
+/// 30 February, no second 60: the stores never write one).
 pub(crate) fn is_updated_at_version(v: &str) -> bool {
     let b = v.as_bytes();
     let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
@@ -230,11 +230,16 @@ pub(crate) fn is_updated_at_version(v: &str) -> bool {
         && b[19] == b'.'
         && digits(20..26)
         && b[26] == b'Z'
-        && (1..=12).contains(&num(5..7))
-        && (1..=31).contains(&num(8..10))
-        && num(11..13) < 24
-        && num(14..16) < 60
-        && num(17..19) < 61
+        && time::Month::try_from(num(5..7) as u8)
+            .and_then(|m| time::Date::from_calendar_date(num(0..4) as i32, m, num(8..10) as u8))
+            .is_ok()
+        && time::Time::from_hms_micro(
+            num(11..13) as u8,
+            num(14..16) as u8,
+            num(17..19) as u8,
+            num(20..26),
+        )
+        .is_ok()
 }
 
 #[cfg(test)]
@@ -257,6 +262,8 @@ mod tests {
             "2026-12-32T09:30:00.123456Z",
             "2026-12-04T24:30:00.123456Z",
             "2026-12-04T09:60:00.123456Z",
+            "2026-02-30T09:30:00.123456Z",
+            "2026-12-04T09:30:60.000000Z",
             "2026-1２-04T09:30:00.123456Z",
             "+026-12-04T09:30:00.123456Z",
         ] {

@@ -218,7 +218,9 @@ pub struct ScopeArgs {
     /// One memory's id (for a LangGraph store: namespace suffix and key, e.g. memories/k42).
     #[arg(long, requires = "subject")]
     pub memory: Option<String>,
-    /// The memory's version (default: the one current at the freeze).
+    /// The memory's version: for a LangGraph store its updated_at in UTC with microseconds,
+    /// YYYY-MM-DDTHH:MM:SS.ffffffZ. For erase, default: the one current at the freeze; for
+    /// inventory and verify, default: whatever version the store holds.
     #[arg(long, requires = "memory")]
     pub version: Option<String>,
 }

@@ -1249,6 +1249,7 @@ fn a_memory_two_stores_hold_at_two_versions_is_erased_one_version_a_job() {
         "2026-12-03 10:00:00",
         "2026-12-03T10:00:00Z",
         "2026-13-03T10:00:00.000000Z",
+        "2026-02-30T10:00:00.000000Z",
         "latest",
     ] {
         let out = erase(Some(bad));
@@ -1258,6 +1259,21 @@ fn a_memory_two_stores_hold_at_two_versions_is_erased_one_version_a_job() {
             "{}",
             stderr(&out)
         );
+        // A verification at such a version would say "clean" while the memory stays.
+        for cmd in ["verify", "inventory"] {
+            let out = env.run(&[
+                cmd,
+                "--tenant",
+                "acme",
+                "--subject",
+                "alice",
+                "--memory",
+                "memories/m-0001",
+                "--version",
+                bad,
+            ]);
+            assert_eq!(code(&out), 2, "{cmd} {bad}: {}", stderr(&out));
+        }
     }
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");

@@ -305,6 +305,22 @@ impl Engine {
 
     /// Checks every target can express the scope exactly. Touches nothing.
     pub fn check_scope(&self, scope: &Scope) -> Result<Vec<Applicability>, EngineError> {
+        // An explicit version of a form a target cannot hold would match nothing there: an
+        // erasure would certify 0 and a verification say "clean" while the memory stays.
+        if let Scope::Memory {
+            version: Some(v), ..
+        } = scope
+        {
+            for t in &self.targets {
+                if let Err(form) = t.adapter.check_version(v) {
+                    return Err(input(format!(
+                        "the version (--version) is not one target {} can hold: a memory's \
+                         version there is {form}",
+                        t.name
+                    )));
+                }
+            }
+        }
         self.targets
             .iter()
             .map(|t| t.adapter.check_scope(scope).map_err(input))

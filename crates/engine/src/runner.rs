@@ -189,8 +189,7 @@ impl Engine {
         }
     }
 
-    /// For a memory scope: the version to freeze. An explicit one must have a form every
-    /// versioned target can hold. Without one, the version current now, which every target
+    /// For a memory scope: the version to freeze, the explicit one if given. Without one, the version current now, which every target
     /// holding the memory must agree on: a scope is one version, and a store holding the
     /// memory at another would be certified with 0 while it keeps it.
     pub(crate) fn resolve_version(&self, scope: &Scope) -> Result<Option<Version>, EngineError> {
@@ -198,15 +197,7 @@ impl Engine {
             return Ok(None);
         };
         if let Some(v) = version {
-            for t in &self.targets {
-                if let Err(form) = t.adapter.check_version(v) {
-                    return Err(input(format!(
-                        "the version (--version) is not one target {} can hold: a memory's \
-                         version there is {form}",
-                        t.name
-                    )));
-                }
-            }
+            // Its form was checked with the scope (`Engine::check_scope`).
             return Ok(Some(v.clone()));
         }
         let mut found: Vec<(&str, Version)> = Vec::new();
