@@ -156,6 +156,13 @@ pub trait Adapter: Send + Sync {
         String::new()
     }
 
+    /// The local files the target reads and erases in (a SQLite database, its registry's),
+    /// the target's own first: what a journal or a second target of the same kind must not
+    /// share.
+    fn files(&self) -> Vec<std::path::PathBuf> {
+        Vec::new()
+    }
+
     /// For a memory scope without an explicit version: the version current now, if this
     /// target holds the memory.
     fn current_version(&self, _scope: &Scope) -> Result<Option<Version>, AdapterError> {

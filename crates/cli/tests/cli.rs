@@ -485,6 +485,25 @@ fn bad_config_exits_2_and_says_what_to_fix() {
             ),
             "invalid type: string \"…\"",
         ),
+        // The journal in a target's file would write Lethe's tables into the application's
+        // database; two targets of one kind on one file would certify its rows twice.
+        (
+            base.replace("sqlite:lethe-journal.db", "sqlite:memory/store.db"),
+            "control.journal is a file target memories erases in",
+        ),
+        (
+            base.replace("sqlite:lethe-journal.db", "sqlite:./memory/../memory/app.db"),
+            "control.journal is a file target checkpoints erases in",
+        ),
+        (
+            base.clone()
+                + "\n[[target]]\nname = \"memories2\"\nkind = \"langgraph-sqlite-store\"\nclass = \"primary\"\npath = \"./memory/../memory/store.db\"\nnamespace = [\"{tenant}\", \"{subject}\"]\n",
+            "targets memories and memories2 are the same langgraph-sqlite-store file",
+        ),
+        (
+            base.replace("sqlite:lethe-journal.db", "sqlite://lethe-journal.db"),
+            "sqlite://... is neither",
+        ),
     ];
     for (cfg, msg) in cases {
         let env = Env::with_config(&cfg);

@@ -167,6 +167,64 @@ fn parse_message(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
+/// A file as the file system names it, whether it exists yet or not (its folder resolved).
+fn same_file(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        })
+        .map(|d| d.join(name))
+        .unwrap_or_else(|_| p.to_path_buf()),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// Refuses a SQLite journal in a target's file (Lethe's tables, identifiers included, would be
+/// written into the application's database), and two targets of one kind on the same file
+/// (each would inventory and certify the same rows).
+fn check_files(
+    journal: &str,
+    base: &Path,
+    targets: &[lethe_adapters::Target],
+) -> Result<(), String> {
+    let journal = journal.strip_prefix("sqlite:").map(|p| {
+        let p = Path::new(p);
+        same_file(&if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            base.join(p)
+        })
+    });
+    let mut mains: Vec<(PathBuf, &lethe_adapters::Target)> = Vec::new();
+    for t in targets {
+        let files: Vec<PathBuf> = t.adapter.files().iter().map(|f| same_file(f)).collect();
+        if journal.as_ref().is_some_and(|j| files.contains(j)) {
+            return Err(format!(
+                "control.journal is a file target {} erases in: give the journal its own file",
+                t.name
+            ));
+        }
+        if let Some(main) = files.first() {
+            if let Some((_, other)) = mains.iter().find(|(f, o)| f == main && o.kind == t.kind) {
+                return Err(format!(
+                    "targets {} and {} are the same {} file: each would inventory and \
+                     certify the same rows; keep one",
+                    other.name,
+                    t.name,
+                    t.kind.as_str()
+                ));
+            }
+            mains.push((main.clone(), t));
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// Reads and validates a config file. Touches no store.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -231,6 +289,17 @@ impl Config {
                 "no [[target]]: register at least one store to erase".into(),
             ));
         }
+        let journal = c
+            .journal
+            .unwrap_or_else(|| "sqlite:lethe-journal.db".into());
+        if journal.starts_with("sqlite://") {
+            return Err(invalid(
+                "control.journal: write sqlite:PATH (relative to this file's folder) or \
+                 sqlite:/absolute/path; sqlite://... is neither"
+                    .into(),
+            ));
+        }
+        check_files(&journal, base, &targets).map_err(invalid)?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let serve = match raw.serve {
             None => Serve {
@@ -268,9 +337,7 @@ impl Config {
         };
         Ok(Self {
             base: base.to_path_buf(),
-            journal: c
-                .journal
-                .unwrap_or_else(|| "sqlite:lethe-journal.db".into()),
+            journal,
             key_file: resolve(c.key_file.unwrap_or_else(|| "lethe.key".into())),
             policy_version: c.policy_version.unwrap_or_else(|| "1".into()),
             certificates: resolve(c.certificates.unwrap_or_else(|| "certificates".into())),

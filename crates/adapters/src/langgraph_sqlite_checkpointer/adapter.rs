@@ -412,6 +412,12 @@ impl Adapter for Checkpointer {
         })
     }
 
+    fn files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.path.clone()];
+        files.extend(self.registry.as_ref().map(|r| r.path.clone()));
+        files
+    }
+
     fn place(&self) -> String {
         let file = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
         let mut place = format!("sqlite:{}", file(&self.path).display());

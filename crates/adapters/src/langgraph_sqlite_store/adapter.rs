@@ -172,6 +172,10 @@ impl Adapter for Store {
         Ok(Applicability::Applies)
     }
 
+    fn files(&self) -> Vec<PathBuf> {
+        vec![self.path.clone()]
+    }
+
     fn place(&self) -> String {
         let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
         format!("sqlite:{}", path.display())
