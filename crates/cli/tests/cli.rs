@@ -504,6 +504,11 @@ fn bad_config_exits_2_and_says_what_to_fix() {
             base.replace("sqlite:lethe-journal.db", "sqlite://lethe-journal.db"),
             "sqlite://... is neither",
         ),
+        // Found before the erasure, not after it, when the certificate is written.
+        (
+            base.replace("certificates = \"certificates\"", "certificates = \"lethe.toml\""),
+            "is not a folder Lethe can write in",
+        ),
     ];
     for (cfg, msg) in cases {
         let env = Env::with_config(&cfg);

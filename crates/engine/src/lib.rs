@@ -55,9 +55,18 @@ pub enum EngineError {
     /// closed): it stops, so two processes never run one job; `lethe work` or `resume` goes on.
     #[error("job {0}: this process lost its claim on the job (the control store closed its connection) and stopped; run `lethe resume {0}` or `lethe work`")]
     ClaimLost(String),
-    /// Writing the certificate file failed.
-    #[error("writing the certificate: {0}")]
-    Io(#[from] std::io::Error),
+    /// Writing the certificate file failed (the job is COMPLETE in the journal; `resume`
+    /// writes the file again).
+    #[error("writing the certificate file {path}: {cause}")]
+    CertificateFile {
+        /// The file.
+        path: String,
+        /// Why (in the message, not a chained source: shown once).
+        cause: std::io::Error,
+    },
+    /// The operating system refused something else (a thread for a job, say).
+    #[error("{0}")]
+    Io(std::io::Error),
 }
 
 impl EngineError {
@@ -472,6 +481,14 @@ impl Engine {
                 ));
             }
         }
+        // The certificate is written last, after the erasure: a folder it cannot go in is
+        // found now, before anything is touched.
+        std::fs::create_dir_all(&self.certificates).map_err(|e| {
+            input(format!(
+                "control.certificates {} is not a folder Lethe can write in ({e})",
+                self.certificates.display()
+            ))
+        })?;
         // A memory scope must name a version some target holds (or an explicit one) before a
         // job exists: a request that cannot be frozen creates nothing.
         self.resolve_version(&req.scope)?;

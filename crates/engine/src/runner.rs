@@ -812,14 +812,19 @@ impl Engine {
         job_id: &str,
         signed: &impl serde::Serialize,
     ) -> Result<(), EngineError> {
-        std::fs::create_dir_all(&self.certificates)?;
         let path = self.certificates.join(format!("{job_id}.json"));
+        let failed = |cause| EngineError::CertificateFile {
+            path: path.display().to_string(),
+            cause,
+        };
+        std::fs::create_dir_all(&self.certificates).map_err(failed)?;
         let tmp = path.with_extension("json.tmp");
         std::fs::write(
             &tmp,
             serde_json::to_string_pretty(signed).unwrap_or_default() + "\n",
-        )?;
-        std::fs::rename(&tmp, &path)?;
+        )
+        .map_err(failed)?;
+        std::fs::rename(&tmp, &path).map_err(failed)?;
         Ok(())
     }
 

@@ -214,12 +214,11 @@ impl Settings {
         } else {
             base.join(file)
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| SettingsError::PasswordFile {
+        let password = read_password_file(&path).map_err(|why| SettingsError::PasswordFile {
             path: path.clone(),
-            why: e.to_string(),
+            why,
         })?;
-        self.config
-            .password(text.lines().next().unwrap_or("").as_bytes());
+        self.config.password(password.as_bytes());
         Ok(())
     }
 
@@ -482,8 +481,49 @@ fn hide_password(url: &str) -> String {
     }
 }
 
+/// A password file's first line: refused when group or others can read the file (as the key
+/// file and the server's token files are) or when that line is empty.
+pub fn read_password_file(path: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| e.to_string())?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "readable by group or others (mode {:o}); chmod 600 it",
+                mode & 0o777
+            ));
+        }
+    }
+    let first = text.lines().next().unwrap_or("");
+    if first.is_empty() {
+        return Err("its first line (the password) is empty".into());
+    }
+    Ok(first.to_string())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_password_file_others_can_read_or_without_a_password_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pw");
+        std::fs::write(&p, "s3cret\nignored\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = super::read_password_file(&p).unwrap_err();
+        assert!(e.contains("chmod 600"), "{e}");
+        assert!(!e.contains("s3cret"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(super::read_password_file(&p).unwrap(), "s3cret");
+        std::fs::write(&p, "\n").unwrap();
+        assert!(super::read_password_file(&p).unwrap_err().contains("empty"));
+    }
+
     use super::*;
 
     fn parse(url: &str) -> Result<Settings, SettingsError> {
@@ -891,6 +931,12 @@ mod tests {
     fn password_file_is_read_and_conflicts_with_a_url_password() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("pw"), "s3cret\nignored\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.path().join("pw"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
         let mut s = parse("postgres://u@h/db").unwrap();
         s.read_password_file(Path::new("pw"), dir.path()).unwrap();
         assert_eq!(s.config.get_password(), Some(&b"s3cret"[..]));

@@ -158,9 +158,10 @@ impl Config {
                 return Err("the URL has a password and password_file is set: keep one".into());
             }
             let p = resolve(base, p);
-            let text = std::fs::read_to_string(&p)
-                .map_err(|e| format!("password_file {}: {e}", p.display()))?;
-            password = Some(text.lines().next().unwrap_or("").to_string());
+            password = Some(
+                lethe_postgres::read_password_file(&p)
+                    .map_err(|e| format!("password_file {}: {e}", p.display()))?,
+            );
         }
         if raw.db.is_some() && db.is_some() && raw.db != db {
             return Err("`db` and the URL's /db disagree".into());
