@@ -307,9 +307,13 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     print_outcome(&o, json);
                     Ok(outcome_code(&o))
                 }
-                Err(EngineError::Held { job_id, holds }) if json => {
+                Err(EngineError::Held {
+                    job_id,
+                    holds,
+                    state,
+                }) if json => {
                     print_json(
-                        &json!({"job_id": job_id, "state": "REQUESTED", "blocked_reason": "legal_hold", "holds": holds, "certificate": null}),
+                        &json!({"job_id": job_id, "state": state, "blocked_reason": "legal_hold", "holds": holds, "certificate": null}),
                     );
                     Ok(4)
                 }

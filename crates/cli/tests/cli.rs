@@ -338,6 +338,19 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
         "x\u{1b}[31mred",
     ]);
     refused(&out, "control characters");
+    // Blank, or shown other than written (a line separator, a right-to-left override).
+    let out = env.run(&["hold", "add", "--tenant", "acme", "--reason", " "]);
+    refused(&out, "non-empty and one line");
+    for ticket in ["T\u{2028}-2", "T-\u{202e}1"] {
+        let mut args = ERASE_ALICE.to_vec();
+        let at = args.iter().position(|a| *a == "--ticket").unwrap() + 1;
+        args[at] = ticket;
+        assert_eq!(code(&env.run(&args)), 2, "{ticket:?}");
+    }
+    // A reason for an extension with a deadline that extends nothing.
+    let soon = (time::OffsetDateTime::now_utc().date() + time::Duration::days(3)).to_string();
+    let out = erase(&["--extension-reason", "complex request", "--deadline", &soon]);
+    refused(&out, "it is not an extension");
     // A value typed without its flag is not repeated in the error.
     let out = env.run(&[
         "erase",
@@ -503,6 +516,10 @@ fn bad_config_exits_2_and_says_what_to_fix() {
         (
             base.replace("sqlite:lethe-journal.db", "sqlite://lethe-journal.db"),
             "sqlite://... is neither",
+        ),
+        (
+            base.replace("policy_version = \"test-1\"", "policy_version = \" \""),
+            "control.policy_version must be non-empty",
         ),
         // Found before the erasure, not after it, when the certificate is written.
         (
@@ -676,7 +693,15 @@ fn a_hold_added_after_a_crash_stops_the_interrupted_job_until_released() {
             4,
             "{point}: resume refused"
         );
-        assert_eq!(code(&env.run(&ERASE_ALICE)), 4, "{point}: erase refused");
+        let (c, held) = env.json(&ERASE_ALICE);
+        assert_eq!(c, 4, "{point}: erase refused");
+        let (_, shown) = env.json(&["job", "show", &job, "--json"]);
+        assert_eq!(
+            (&held["state"], &held["blocked_reason"]),
+            (&shown["state"], &"legal_hold".into()),
+            "{point}: the state the job stays in, not REQUESTED"
+        );
+        assert_ne!(held["state"], "REQUESTED", "{point}");
         assert_eq!(code(&env.run(&["work"])), 0, "{point}: work leaves it");
         assert_eq!(
             env.inventory("acme", "alice"),

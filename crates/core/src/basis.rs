@@ -55,6 +55,16 @@ pub enum DeadlineError {
         /// The basis.
         basis: Basis,
     },
+    /// A reason for an extension given with a deadline that extends nothing.
+    #[error("the deadline {deadline} is within {normal}, {basis}'s normal deadline: it is not an extension, so drop --extension-reason")]
+    ReasonWithoutExtension {
+        /// The deadline asked for.
+        deadline: Date,
+        /// The normal deadline.
+        normal: Date,
+        /// The basis.
+        basis: Basis,
+    },
 }
 
 impl Basis {
@@ -118,6 +128,13 @@ impl Basis {
         let normal = self.normal_deadline(received);
         if deadline > normal && !has_extension_reason {
             return Err(DeadlineError::ExtensionNeedsReason {
+                deadline,
+                normal,
+                basis: self,
+            });
+        }
+        if deadline <= normal && has_extension_reason {
+            return Err(DeadlineError::ReasonWithoutExtension {
                 deadline,
                 normal,
                 basis: self,
@@ -208,6 +225,13 @@ mod tests {
             b.deadline(r, Some(date!(2026 - 12 - 01)), true),
             Err(DeadlineError::BeforeReceipt { .. })
         ));
+        // A reason with a deadline that extends nothing would be journaled for nothing.
+        for d in [date!(2026 - 12 - 20), date!(2027 - 01 - 02)] {
+            assert!(matches!(
+                b.deadline(r, Some(d), true),
+                Err(DeadlineError::ReasonWithoutExtension { .. })
+            ));
+        }
     }
 
     #[test]

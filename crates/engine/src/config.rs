@@ -289,6 +289,14 @@ impl Config {
                 "no [[target]]: register at least one store to erase".into(),
             ));
         }
+        let policy_version = c.policy_version.unwrap_or_else(|| "1".into());
+        if policy_version.trim().is_empty() || policy_version.chars().any(char::is_control) {
+            return Err(invalid(
+                "control.policy_version must be non-empty, one line: it is written on every \
+                 certificate"
+                    .into(),
+            ));
+        }
         let journal = c
             .journal
             .unwrap_or_else(|| "sqlite:lethe-journal.db".into());
@@ -339,7 +347,7 @@ impl Config {
             base: base.to_path_buf(),
             journal,
             key_file: resolve(c.key_file.unwrap_or_else(|| "lethe.key".into())),
-            policy_version: c.policy_version.unwrap_or_else(|| "1".into()),
+            policy_version,
             certificates: resolve(c.certificates.unwrap_or_else(|| "certificates".into())),
             batch_size,
             batch_rows,

@@ -31,13 +31,15 @@ pub enum EngineError {
     /// Bad input or config; nothing was touched (exit 2).
     #[error("{0}")]
     Input(String),
-    /// A legal hold refused the job; it stays REQUESTED (exit 4).
-    #[error("job {job_id} is held by legal hold {}: nothing was touched; it stays REQUESTED until the hold is released and the job resumed", holds.join(", "))]
+    /// A legal hold refused the job; it stays where it is, touching nothing more (exit 4).
+    #[error("job {job_id} is held by legal hold {}: nothing more was touched; it stays {state} until the hold is released and the job resumed", holds.join(", "))]
     Held {
         /// The job.
         job_id: String,
         /// The holds.
         holds: Vec<String>,
+        /// Where the job stays: REQUESTED, or wherever an interrupted job stopped.
+        state: JobState,
     },
     /// The control store failed.
     #[error(transparent)]
@@ -193,6 +195,17 @@ fn open_journal(config: &Config) -> Result<Journal, EngineError> {
         lethe_journal::JournalError::UnsupportedUrl(_) => input(e),
         e => EngineError::Journal(e),
     })
+}
+
+/// Text a person reads on one line as it was written: not blank, no control character, no
+/// line or paragraph separator, no bidirectional override or isolate (which would show it
+/// reordered).
+fn one_line(s: &str) -> bool {
+    !s.trim().is_empty()
+        && !s.chars().any(|c| {
+            c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+        })
 }
 
 fn input(e: impl std::fmt::Display) -> EngineError {
@@ -420,9 +433,9 @@ impl Engine {
         subject: Option<&lethe_core::Subject>,
         reason: Option<&str>,
     ) -> Result<String, EngineError> {
-        if reason.is_some_and(|r| r.chars().any(char::is_control)) {
+        if reason.is_some_and(|r| !one_line(r)) {
             return Err(input(
-                "--reason must be one line without control characters",
+                "--reason must be non-empty and one line without control characters",
             ));
         }
         let id = format!("hold-{}", random_hex(4)?);
@@ -463,13 +476,13 @@ impl Engine {
     pub fn request(&self, req: Request) -> Result<(String, bool), EngineError> {
         self.check_scope(&req.scope)?;
         self.probe_all()?;
-        if req.ticket.trim().is_empty() || req.ticket.chars().any(char::is_control) {
+        if !one_line(&req.ticket) {
             return Err(input(
                 "--ticket must be a non-empty reference without control characters",
             ));
         }
         if let Some(r) = &req.extension_reason {
-            if r.trim().is_empty() || r.chars().any(char::is_control) {
+            if !one_line(r) {
                 return Err(input(
                     "--extension-reason must be non-empty and one line without control characters",
                 ));

@@ -443,6 +443,7 @@ impl Engine {
             return Err(EngineError::Held {
                 job_id: job.job_id.clone(),
                 holds,
+                state: job.state,
             });
         }
         Ok(())
