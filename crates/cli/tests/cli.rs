@@ -517,6 +517,19 @@ fn bad_config_exits_2_and_says_what_to_fix() {
             base.replace("sqlite:lethe-journal.db", "sqlite://lethe-journal.db"),
             "sqlite://... is neither",
         ),
+        // A journal URL's own settings are configuration too; a mistyped scheme is not
+        // echoed (the URL may hold a password).
+        (
+            base.replace(
+                "sqlite:lethe-journal.db",
+                "postgres://postgres@127.0.0.1:5432/x?sslmode=bogus",
+            ),
+            "control.journal: url asks sslmode=bogus",
+        ),
+        (
+            base.replace("sqlite:lethe-journal.db", "postgre://u:PWZQ@127.0.0.1/x"),
+            "unsupported control.journal",
+        ),
         (
             base.replace("policy_version = \"test-1\"", "policy_version = \" \""),
             "control.policy_version must be non-empty",

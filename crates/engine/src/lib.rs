@@ -192,7 +192,9 @@ fn target_error(e: AdapterError) -> EngineError {
 
 fn open_journal(config: &Config) -> Result<Journal, EngineError> {
     Journal::open_url(&config.journal, &config.base).map_err(|e| match e {
-        lethe_journal::JournalError::UnsupportedUrl(_) => input(e),
+        lethe_journal::JournalError::UnsupportedUrl(_) | lethe_journal::JournalError::BadUrl(_) => {
+            input(e)
+        }
         e => EngineError::Journal(e),
     })
 }

@@ -48,9 +48,12 @@ pub enum JournalError {
         /// The driver's message.
         message: String,
     },
-    /// The journal URL is not one Lethe knows.
-    #[error("unsupported journal '{0}': use sqlite:PATH or postgres://...")]
+    /// The journal URL is not one Lethe knows. Not shown: it may hold a password.
+    #[error("unsupported control.journal: use sqlite:PATH or postgres://...")]
     UnsupportedUrl(String),
+    /// The journal URL's settings are wrong (sslmode, a CA file, ...): a configuration error.
+    #[error("control.journal: {0}")]
+    BadUrl(String),
     /// No job with this id.
     #[error("no job {0}")]
     NoSuchJob(String),
@@ -206,11 +209,8 @@ impl Journal {
     }
 
     fn open_postgres(url: &str, base: &Path) -> Result<Self> {
-        let mut settings =
-            lethe_postgres::Settings::from_url(url, base).map_err(|e| JournalError::Db {
-                store: "journal".into(),
-                message: e.to_string(),
-            })?;
+        let mut settings = lethe_postgres::Settings::from_url(url, base)
+            .map_err(|e| JournalError::BadUrl(e.to_string()))?;
         let shown = settings.shown().to_string();
         settings
             .config_mut()
