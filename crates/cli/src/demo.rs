@@ -9,7 +9,7 @@ use std::time::Duration;
 use lethe_core::{Basis, Scope, Subject, Tenant};
 use lethe_engine::{Request, RunOptions};
 
-use crate::cli::{open_engine, print_outcome, progress_printer, Exit, ProgressTo};
+use crate::cli::{bad, open_engine, print_outcome, progress_printer, Exit, ProgressTo};
 use crate::output::Table;
 
 const CHECKPOINTS: &[u8] =
@@ -49,6 +49,32 @@ fn io(e: std::io::Error) -> Exit {
 /// Runs the demo in `dir`; returns the exit code.
 pub fn run(dir: &Path) -> Result<i32, Exit> {
     let mem = dir.join("memory");
+    let config = dir.join("lethe.toml");
+    // Only a folder the demo made is rewritten: never someone's own config or stores.
+    match std::fs::read_to_string(&config) {
+        Ok(text) if text != CONFIG => {
+            return Err(bad(format!(
+                "{} exists and is not the one the demo writes; the demo would overwrite it and \
+                 the stores beside it: give --dir a new folder (or remove that file to start \
+                 the demo afresh there)",
+                config.display()
+            )))
+        }
+        Ok(_) => {}
+        Err(_) => {
+            if let Some(f) = ["checkpoints.db", "store.db", "app.db"]
+                .iter()
+                .map(|n| mem.join(n))
+                .find(|p| p.exists())
+            {
+                return Err(bad(format!(
+                    "{} exists and the demo did not write it (no demo config beside it): give \
+                     --dir a new folder",
+                    f.display()
+                )));
+            }
+        }
+    }
     std::fs::create_dir_all(&mem).map_err(io)?;
     // Fresh memory on every run; the journal and key persist, so runs accumulate jobs.
     for (name, bytes) in [
@@ -61,7 +87,6 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
         }
         std::fs::write(mem.join(name), bytes).map_err(io)?;
     }
-    let config = dir.join("lethe.toml");
     std::fs::write(&config, CONFIG).map_err(io)?;
     outln!(
         "Sample agent memory (written by real LangGraph) in {}",

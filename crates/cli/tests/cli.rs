@@ -2260,3 +2260,41 @@ fn without_checkpoints(config: &str) -> String {
     assert!(config[start..next].contains("name = \"checkpoints\""));
     format!("{}{}", &config[..start], &config[next..])
 }
+
+/// `demo --dir` rewrites only a folder the demo made: someone's own config or stores there are
+/// refused, untouched.
+#[test]
+fn demo_never_overwrites_a_folder_it_did_not_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = |d: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .args(["demo", "--dir", d.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let d = dir.path().join("demo");
+    assert_eq!(code(&demo(&d)), 0);
+    assert_eq!(
+        code(&demo(&d)),
+        0,
+        "a second run of the demo in its own folder"
+    );
+    let config = d.join("lethe.toml");
+    let mine = std::fs::read_to_string(&config).unwrap() + "\n# my production setting\n";
+    std::fs::write(&config, &mine).unwrap();
+    let store = std::fs::read(d.join("memory/store.db")).unwrap();
+    let out = demo(&d);
+    refused(&out, "is not the one the demo writes");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), mine);
+    assert_eq!(std::fs::read(d.join("memory/store.db")).unwrap(), store);
+    // Stores without a demo config beside them.
+    let other = dir.path().join("app");
+    std::fs::create_dir_all(other.join("memory")).unwrap();
+    std::fs::write(other.join("memory/store.db"), b"not the demo's").unwrap();
+    refused(&demo(&other), "the demo did not write it");
+    assert_eq!(
+        std::fs::read(other.join("memory/store.db")).unwrap(),
+        b"not the demo's"
+    );
+    assert!(!other.join("lethe.toml").exists());
+}
