@@ -210,6 +210,15 @@ pub trait Adapter: Send + Sync {
     }
 }
 
+/// A checkpointer's `metadata` key that no checkpoint holds, although checkpoints exist.
+pub(crate) fn missing_key(what: &str, key: &str) -> String {
+    format!(
+        "no checkpoint's metadata has the key `{key}` (metadata.{what}): check its spelling \
+         against the run config's metadata the application writes, or drop `metadata` to find \
+         threads through the registry only"
+    )
+}
+
 /// The form both LangGraph stores give a memory's version (its `updated_at` in UTC with
 /// microseconds): `YYYY-MM-DDTHH:MM:SS.ffffffZ`, as the Python client's `item_version` writes it.
 pub(crate) const UPDATED_AT_FORM: &str =

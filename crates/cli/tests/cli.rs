@@ -534,6 +534,11 @@ fn bad_config_exits_2_and_says_what_to_fix() {
             base.replace("policy_version = \"test-1\"", "policy_version = \" \""),
             "control.policy_version must be non-empty",
         ),
+        // A misspelt metadata key matched nothing, and the job certified 0 for those threads.
+        (
+            base.replace("subject = \"user_id\" }\n", "subject = \"userid\" }\n"),
+            "no checkpoint's metadata has the key `userid` (metadata.subject)",
+        ),
         // Found before the erasure, not after it, when the certificate is written.
         (
             base.replace("certificates = \"certificates\"", "certificates = \"lethe.toml\""),

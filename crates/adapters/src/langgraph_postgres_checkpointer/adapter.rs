@@ -7,7 +7,7 @@ use lethe_core::Scope;
 use crate::guard::Guard;
 use crate::postgres::{quote_qualified, Conn};
 use crate::postgres_guard::PgGuard;
-use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
+use crate::{missing_key, Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
 /// The application's thread registry (names as configured; quoted when used).
 #[derive(Debug, Clone)]
@@ -327,6 +327,23 @@ impl Adapter for Checkpointer {
                 },
                 e => e,
             })?;
+        }
+        if let Some(m) = &self.metadata {
+            // A misspelt key matches no checkpoint: every job would certify 0 for threads the
+            // metadata names. Checkpoints none of which holds the key mean just that.
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM {t}) AND NOT EXISTS (SELECT 1 FROM {t} WHERE metadata ? $1::text)",
+                t = self.t("checkpoints")
+            );
+            for (what, key) in [("tenant", &m.tenant), ("subject", &m.subject)] {
+                let missing: bool = self.conn.with(|c| Ok(c.query_one(&sql, &[key])?.get(0)))?;
+                if missing {
+                    return Err(AdapterError::Failed {
+                        target: self.name.clone(),
+                        why: missing_key(what, key),
+                    });
+                }
+            }
         }
         Ok(())
     }

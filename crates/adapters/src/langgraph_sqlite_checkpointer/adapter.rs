@@ -460,6 +460,23 @@ impl Adapter for Checkpointer {
                 }
             }
         }
+        if let Some(m) = &self.metadata {
+            // A misspelt key matches no checkpoint: every job would certify 0 for threads the
+            // metadata names. Checkpoints none of which holds the key mean just that.
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM checkpoints) AND NOT EXISTS \
+                 (SELECT 1 FROM checkpoints WHERE json_extract({META}, ?1) IS NOT NULL)"
+            );
+            for (what, path) in [("tenant", &m.tenant_path), ("subject", &m.subject_path)] {
+                let missing: bool = conn
+                    .query_row(&sql, [path], |r| r.get(0))
+                    .map_err(|e| self.err(e))?;
+                if missing {
+                    let key = path.trim_start_matches("$.\"").trim_end_matches('"');
+                    return Err(self.failed(crate::missing_key(what, key)));
+                }
+            }
+        }
         Ok(())
     }
 
