@@ -792,6 +792,8 @@ fn a_wrong_password_is_refused_naming_the_target_and_never_the_password() {
     let dir = tempfile::tempdir().unwrap();
     let wrong = dir.path().join("wrong.password");
     std::fs::write(&wrong, "not-the-password-7f3a\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrong, std::fs::Permissions::from_mode(0o600)).unwrap();
     let url = format!(
         "{}?sslmode=verify-full&sslrootcert={}",
         tls_db_url(&db).replacen("://postgres@", "://lethe_app@", 1),
