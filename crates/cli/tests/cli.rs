@@ -539,6 +539,15 @@ fn bad_config_exits_2_and_says_what_to_fix() {
             base.replace("subject = \"user_id\" }\n", "subject = \"userid\" }\n"),
             "no checkpoint's metadata has the key `userid` (metadata.subject)",
         ),
+        (
+            base.replace("name = \"memories\"", "name = \"memo\u{200b}ries\""),
+            "control or invisible characters",
+        ),
+        (
+            base.clone()
+                + "\n[[target]]\nname = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:1\"\npattern = \"{tenant}:{subject}:*\"\ntimeout_ms = 0\n",
+            "timeout_ms must be between 1 and 600000",
+        ),
         // Found before the erasure, not after it, when the certificate is written.
         (
             base.replace("certificates = \"certificates\"", "certificates = \"lethe.toml\""),

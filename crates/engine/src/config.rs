@@ -273,9 +273,18 @@ impl Config {
                     path: shown.into(),
                     source,
                 })?;
-            if t.name.is_empty() || t.name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            // Format characters (a zero-width space, a bidi mark) would make two names that
+            // print alike.
+            if t.name.is_empty()
+                || t.name.chars().any(|c| {
+                    c.is_control()
+                        || c.is_whitespace()
+                        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{00AD}')
+                })
+            {
                 return Err(invalid(format!(
-                    "target #{}: name must be non-empty, without spaces",
+                    "target #{}: name must be non-empty, without spaces, control or invisible \
+                     characters",
                     i + 1
                 )));
             }

@@ -232,7 +232,11 @@ impl Config {
                 ))
             }
         };
-        let timeout = Duration::from_millis(raw.timeout_ms.unwrap_or(5000).clamp(1, 600_000));
+        let timeout_ms = raw.timeout_ms.unwrap_or(5000);
+        if !(1..=600_000).contains(&timeout_ms) {
+            return Err("timeout_ms must be between 1 and 600000".into());
+        }
+        let timeout = Duration::from_millis(timeout_ms);
         Ok(Self {
             seeds,
             cluster,
