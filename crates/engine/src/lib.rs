@@ -280,7 +280,11 @@ impl Engine {
         }
         let key = keyfile::load_or_create(path)?;
         let mine = lethe_core::certificate::key_name(&key.verifying_key());
-        let bound = journal.bind_signing_key(&mine)?;
+        // One read when the key is recorded already (every open but the first).
+        let bound = match recorded {
+            Some(r) => r,
+            None => journal.bind_signing_key(&mine)?,
+        };
         if bound != mine {
             return Err(keyfile::KeyError::Mismatch {
                 path: shown,
