@@ -48,5 +48,31 @@ fn refuse_args(e: clap::Error) -> ! {
         );
         std::process::exit(2);
     }
+    if e.kind() == ErrorKind::InvalidSubcommand && e.get(ContextKind::SuggestedSubcommand).is_none()
+    {
+        eprintln!(
+            "error: unrecognized command (not repeated here: it may be an identifier); see \
+             `lethe --help` for the commands"
+        );
+        std::process::exit(2);
+    }
+    if matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        let flag = match e.get(ContextKind::InvalidArg) {
+            Some(clap::error::ContextValue::String(a)) => a.clone(),
+            _ => "an option".into(),
+        };
+        let valid = match e.get(ContextKind::ValidValue) {
+            Some(clap::error::ContextValue::Strings(v)) => format!("; one of: {}", v.join(", ")),
+            _ => String::new(),
+        };
+        eprintln!(
+            "error: invalid value for {flag} (not repeated here: it may be an identifier){valid}; \
+             see `lethe help`"
+        );
+        std::process::exit(2);
+    }
     e.exit()
 }

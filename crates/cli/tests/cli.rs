@@ -351,6 +351,46 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
     let soon = (time::OffsetDateTime::now_utc().date() + time::Duration::days(3)).to_string();
     let out = erase(&["--extension-reason", "complex request", "--deadline", &soon]);
     refused(&out, "it is not an extension");
+    // Nor a stray command or a flag's invalid value (either may be an identifier typed in the
+    // wrong place); the valid values are still listed.
+    for args in [
+        vec!["alice"],
+        vec![
+            "erase",
+            "--tenant",
+            "acme",
+            "--subject",
+            "x",
+            "--basis",
+            "alice",
+            "--ticket",
+            "T",
+        ],
+        vec![
+            "erase",
+            "--tenant",
+            "acme",
+            "--basis",
+            "ccpa",
+            "--ticket",
+            "T",
+            "--drain-timeout",
+            "alice",
+        ],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{args:?}");
+        assert!(!stderr(&out).contains("alice"), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not repeated here"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        stderr(&env.run(&["erase", "--tenant", "a", "--basis", "alice", "--ticket", "T"]))
+            .contains("gdpr-art17, ccpa, account-closure, tenant-offboarding")
+    );
     // A value typed without its flag is not repeated in the error.
     let out = env.run(&[
         "erase",
