@@ -42,6 +42,15 @@ pub fn run(args: Args) -> i32 {
     }
 }
 
+/// Whether an identifier may print like another one: spaces at an end, a format character
+/// (zero-width, bidirectional mark), or a combining accent (a decomposed letter).
+fn looks_like_another(id: &str) -> bool {
+    id.trim() != id
+        || id.chars().any(|c| {
+            matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{0300}'..='\u{036F}')
+        })
+}
+
 pub(crate) fn parse_scope(s: &ScopeArgs) -> Result<Scope, Exit> {
     scope_of(
         &s.tenant,
@@ -612,6 +621,19 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     reason,
                 } => {
                     let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
+                    // A hold matches byte for byte: an identifier that prints like another
+                    // (spaces at an end, an invisible character, a letter decomposed into a
+                    // combining accent) would hold nobody while it looks right in `hold list`.
+                    for (flag, id) in [("--tenant", Some(&tenant)), ("--subject", subject.as_ref())]
+                    {
+                        if id.is_some_and(|id| looks_like_another(id)) {
+                            eprintln!(
+                                "warning: {flag} has spaces at an end, an invisible character or a \
+                                 combining accent: the hold covers that exact identifier, not one \
+                                 that prints alike"
+                            );
+                        }
+                    }
                     let id = engine.add_hold(scope.tenant(), scope.subject(), reason.as_deref())?;
                     outln!(
                         "Hold {id} placed on {} scope {}.",

@@ -347,6 +347,32 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
         args[at] = ticket;
         assert_eq!(code(&env.run(&args)), 2, "{ticket:?}");
     }
+    // A hold on an identifier that prints like another is placed (it is exact), with a
+    // warning that does not repeat it.
+    for look_alike in ["zoe\u{301}", "alice ", "al\u{200b}ice"] {
+        let out = env.run(&["hold", "add", "--tenant", "acme", "--subject", look_alike]);
+        assert_eq!(code(&out), 0);
+        assert!(stderr(&out).contains("prints alike"), "{}", stderr(&out));
+        assert!(
+            !stderr(&out).contains(look_alike.trim()),
+            "{}",
+            stderr(&out)
+        );
+        let release = [
+            "hold",
+            "release",
+            "--tenant",
+            "acme",
+            "--subject",
+            look_alike,
+        ];
+        assert_eq!(code(&env.run(&release)), 0);
+    }
+    assert!(!stderr(&hold_alice(&env, "m")).contains("warning"));
+    assert_eq!(
+        code(&env.run(&["hold", "release", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
     // A reason for an extension with a deadline that extends nothing.
     let soon = (time::OffsetDateTime::now_utc().date() + time::Duration::days(3)).to_string();
     let out = erase(&["--extension-reason", "complex request", "--deadline", &soon]);
