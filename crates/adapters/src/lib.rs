@@ -213,9 +213,9 @@ pub trait Adapter: Send + Sync {
 /// A checkpointer's `metadata` key that no checkpoint holds, although checkpoints exist.
 pub(crate) fn missing_key(what: &str, key: &str) -> String {
     format!(
-        "no checkpoint's metadata has the key `{key}` (metadata.{what}): check its spelling \
-         against the run config's metadata the application writes, or drop `metadata` to find \
-         threads through the registry only"
+        "no checkpoint's metadata has the key `{key}` (metadata.{what}), so only the registry \
+         finds threads: if the application does tag its runs, check the key's spelling against \
+         the run config's metadata it writes"
     )
 }
 

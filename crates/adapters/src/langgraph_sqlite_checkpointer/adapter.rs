@@ -461,8 +461,10 @@ impl Adapter for Checkpointer {
             }
         }
         if let Some(m) = &self.metadata {
-            // A misspelt key matches no checkpoint: every job would certify 0 for threads the
-            // metadata names. Checkpoints none of which holds the key mean just that.
+            // A misspelt key matches no checkpoint, and every job would certify 0 for threads
+            // only the metadata names: warned, not refused, since checkpoints none of which
+            // holds the key may also be right (written before the application tagged its runs,
+            // or the tagged ones all erased), and the registry still finds its threads.
             let sql = format!(
                 "SELECT EXISTS (SELECT 1 FROM checkpoints) AND NOT EXISTS \
                  (SELECT 1 FROM checkpoints WHERE json_extract({META}, ?1) IS NOT NULL)"
@@ -473,7 +475,7 @@ impl Adapter for Checkpointer {
                     .map_err(|e| self.err(e))?;
                 if missing {
                     let key = path.trim_start_matches("$.\"").trim_end_matches('"');
-                    return Err(self.failed(crate::missing_key(what, key)));
+                    tracing::warn!(target = %self.name, "{}", crate::missing_key(what, key));
                 }
             }
         }
