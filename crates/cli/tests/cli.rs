@@ -2336,6 +2336,77 @@ fn without_checkpoints(config: &str) -> String {
     format!("{}{}", &config[..start], &config[next..])
 }
 
+/// `work` skips a job this configuration cannot run (its memory now at two versions) and runs
+/// the jobs behind it, instead of stopping at the first.
+#[test]
+fn work_skips_a_job_it_cannot_run_and_runs_the_others() {
+    let env = Env::with_config(&format!(
+        "{}\n[[target]]\nname = \"memories-copy\"\nkind = \"langgraph-sqlite-store\"\nclass = \"projection\"\npath = \"memory/store-copy.db\"\nnamespace = [\"{{tenant}}\", \"{{subject}}\"]\n",
+        CONFIG.replace("BATCH", "500")
+    ));
+    let copy = env.path().join("memory/store-copy.db");
+    std::fs::copy(env.path().join("memory/store.db"), &copy).unwrap();
+    assert_eq!(code(&env.run(&["hold", "add", "--tenant", "acme"])), 0);
+    let memory = [
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--memory",
+        "memories/m-0001",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+        "--json",
+    ];
+    let (c, stuck) = env.json(&memory);
+    assert_eq!(c, 4);
+    let bob = [
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "bob",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+        "--json",
+    ];
+    let (c, other) = env.json(&bob);
+    assert_eq!(c, 4);
+    rusqlite::Connection::open(&copy)
+        .unwrap()
+        .execute(
+            "UPDATE store SET updated_at = '2026-12-03 10:00:00' \
+             WHERE prefix = 'acme.alice.memories' AND key = 'm-0001'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(code(&env.run(&["hold", "release", "--tenant", "acme"])), 0);
+    let out = env.run(&["work"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let stuck = stuck["job_id"].as_str().unwrap();
+    assert!(
+        stderr(&out).contains("Skipped: targets memories, memories-copy"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains(stuck), "{}", stderr(&out));
+    let state = |j: &Value| {
+        env.json(&["job", "show", j["job_id"].as_str().unwrap(), "--json"])
+            .1["state"]
+            .clone()
+    };
+    assert_eq!(state(&other), "COMPLETE", "the job behind it ran");
+    assert_eq!(
+        env.json(&["job", "show", stuck, "--json"]).1["state"],
+        "REQUESTED"
+    );
+}
+
 /// A metadata key no checkpoint holds (misspelt, say) is warned about, without refusing: the
 /// registry still finds its threads, and such checkpoints may be right (written before the
 /// application tagged its runs).

@@ -266,6 +266,12 @@ impl Engine {
                     Err(EngineError::Held { .. } | EngineError::ClaimLost(_)) => {
                         held.push(claim.job_id.clone())
                     }
+                    // One job this configuration cannot run (its memory now at two versions,
+                    // a target gone) must not stop the others behind it.
+                    Err(EngineError::Input(why)) => {
+                        tracing::warn!(job = %claim.job_id, "Skipped: {why}");
+                        held.push(claim.job_id.clone())
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -296,6 +302,9 @@ impl Engine {
                         tracing::info!(job = %id, "Skipped: another process is running it.")
                     }
                     Err(EngineError::Held { .. }) => {}
+                    Err(EngineError::Input(why)) => {
+                        tracing::warn!(job = %id, "Skipped: {why}")
+                    }
                     Err(e) => return Err(e),
                 }
             }
