@@ -458,6 +458,10 @@ class Permit:
 MAX_STREAM_LEASES = 10_000
 """The most leases the gate lets one revocation stream list (`GET /v1/revocations`)."""
 
+MAX_STREAM_IDS_LEN = 60_000
+"""The most characters of lease ids (with their commas) one stream's URL lists: the server
+refuses a request line past 64 KiB, which 10,000 ids of six digits or more would pass."""
+
 
 class _AllConnected:
     """Set while every stream of a client is open (reads like a :class:`threading.Event`)."""
@@ -490,6 +494,7 @@ class _Watchers:
         self._lock = threading.Lock()
         self._shards: list[_Watcher] = []
         self.per_stream = MAX_STREAM_LEASES
+        self.ids_len = MAX_STREAM_IDS_LEN
         self.connected = _AllConnected(self)
 
     def shards(self) -> list[_Watcher]:
@@ -503,7 +508,11 @@ class _Watchers:
 
     def add(self, lease: Lease) -> None:
         with self._lock:
-            shard = next((w for w in self._shards if w.size() < self.per_stream), None)
+            need = len(str(lease.lease_id)) + 1
+            shard = next(
+                (w for w in self._shards if w.size() < self.per_stream and w.ids_len() + need <= self.ids_len),
+                None,
+            )
             if shard is None:
                 shard = self._new()
                 self._shards.append(shard)
@@ -529,6 +538,7 @@ class _Watcher:
         self.idle_s = idle_s
         self.connected = threading.Event()
         self._leases: dict[int, Lease] = {}
+        self._ids_len = 0  # len(",".join(ids)) + 1, kept as leases come and go
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._dirty = False
@@ -539,6 +549,8 @@ class _Watcher:
 
     def add(self, lease: Lease) -> None:
         with self._cond:
+            if lease.lease_id not in self._leases:
+                self._ids_len += len(str(lease.lease_id)) + 1
             self._leases[lease.lease_id] = lease
             self._kick_locked()
             if self._thread is None:
@@ -549,10 +561,19 @@ class _Watcher:
         with self._cond:
             return len(self._leases)
 
+    def ids_len(self) -> int:
+        """Characters the stream's URL spends on its lease ids, commas included."""
+        with self._cond:
+            return self._ids_len
+
     def remove(self, lease: Lease) -> None:
         # The stream keeps listing it until the next reopen; its events are then ignored.
         with self._cond:
-            self._leases.pop(lease.lease_id, None)
+            self._forget_locked(lease.lease_id)
+
+    def _forget_locked(self, lease_id: int) -> None:
+        if self._leases.pop(lease_id, None) is not None:
+            self._ids_len -= len(str(lease_id)) + 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -577,7 +598,7 @@ class _Watcher:
         while not self._stop.is_set():
             with self._cond:
                 for lid in [i for i, x in self._leases.items() if x.revoked.is_set() or x._is_prunable()]:
-                    del self._leases[lid]
+                    self._forget_locked(lid)
                 while not self._leases and not self._stop.is_set():
                     self._dirty = False
                     self._cond.wait()

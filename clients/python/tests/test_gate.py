@@ -7,6 +7,7 @@ import statistics
 import threading
 import time
 import unittest
+from pathlib import Path
 
 import lethe_gate
 from lethe_gate import Fenced, Forbidden, NoSuchPermit, Refused, Revoked, Unauthorized
@@ -170,15 +171,25 @@ class GateTest(unittest.TestCase):
         self.assertIn(extra.lease_id, self.rt._watcher.shards()[1]._leases)
 
     def test_more_leases_than_the_gate_lets_one_stream_list_still_get_their_push(self):
-        # The server's own limit (10,000 leases a stream): lease 10,001 needs a second stream.
+        # The server's own limits: 10,000 leases a stream, and a request line of 64 KiB, which
+        # 10,000 ids of seven digits (a gate that has handed out a million leases) would pass.
+        import sqlite3
+
+        with sqlite3.connect(Path(self.server.dir.name) / "journal.db", timeout=10) as db:
+            if db.execute("UPDATE sqlite_sequence SET seq = 1000000 WHERE name = 'leases'").rowcount == 0:
+                db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('leases', 1000000)")
         s = subject()
         leases = [self.rt.take_lease("acme", s) for _ in range(10_000)]
+        self.assertGreater(leases[0].lease_id, 1_000_000)
         last_s = subject()
         last = self.rt.take_lease("acme", last_s)
-        self.assertTrue(self.rt.stream_connected.wait(10), "both streams opened")
+        self.assertGreaterEqual(len(self.rt._watcher.shards()), 2)
+        self.assertTrue(self.rt.stream_connected.wait(10), "every stream opened")
         self.erase("acme", last_s)
         self.assertTrue(last.revoked.wait(PUSH_BOUND_S), "the lease past the first stream got its push")
         self.assertFalse(leases[0].revoked.is_set())
+        self.erase("acme", s)
+        self.assertTrue(leases[0].revoked.wait(PUSH_BOUND_S), "the first stream's leases got theirs")
         for x in leases:
             x.close()
 
