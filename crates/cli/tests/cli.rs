@@ -1187,7 +1187,9 @@ fn journal_verify_and_the_runner_catch_edited_job_tables() {
     let out = env.run(&["resume", &job]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("no certificate is signed"),
+        stderr(&out).contains(
+            "basis in the job table is not what the journal recorded; the job is not run"
+        ),
         "{}",
         stderr(&out)
     );
@@ -1196,6 +1198,26 @@ fn journal_verify_and_the_runner_catch_edited_job_tables() {
         .join("certificates")
         .join(format!("{job}.json"))
         .exists());
+    // The scope alone (the certificate's hash is made from it): not signed either.
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute_batch(&format!(
+            "UPDATE jobs SET basis = 'gdpr-art17' WHERE job_id = '{job}';
+             UPDATE jobs SET scope = replace(scope, '\"alice\"', '\"bob\"') WHERE job_id = '{job}'"
+        ))
+        .unwrap();
+    let out = env.run(&["resume", &job]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("scope in the job table"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("inventory counts"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

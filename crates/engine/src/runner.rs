@@ -326,6 +326,9 @@ impl Engine {
         // the targets are now does not matter to it.
         let job = self.journal.job(job_id)?;
         if job.state != JobState::Complete {
+            // The runner acts on the job's row (its scope above all): one edited apart from
+            // the chain would erase or verify what nobody asked for.
+            self.refuse_if_projection_edited(job_id, "the job is not run")?;
             self.refuse_if_targets_missing(job_id)?;
             self.refuse_if_job_held(&job)?;
         }
@@ -353,6 +356,17 @@ impl Engine {
                 return self.outcome(job_id);
             }
         }
+    }
+
+    /// Refuses a job whose row or progress differs from what its chain entries record.
+    fn refuse_if_projection_edited(&self, job_id: &str, outcome: &str) -> Result<(), EngineError> {
+        let problems = self.journal.projection_problems(job_id)?;
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::Journal(lethe_journal::JournalError::Corrupt(
+            format!("{}; {outcome}", problems.join("; ")),
+        )))
     }
 
     /// Adds what each target with residue holds for the scope now to its inventory.
@@ -760,15 +774,7 @@ impl Engine {
         self.pause_point(opts, "before-complete");
         // The certificate is built from the job's row and progress: they must say what the
         // chain recorded, or an edit of those tables would be signed.
-        let problems = self.journal.projection_problems(&job.job_id)?;
-        if !problems.is_empty() {
-            return Err(EngineError::Journal(lethe_journal::JournalError::Corrupt(
-                format!(
-                    "{}; no certificate is signed (run `lethe journal verify`)",
-                    problems.join("; ")
-                ),
-            )));
-        }
+        self.refuse_if_projection_edited(&job.job_id, "no certificate is signed")?;
         let cert = Certificate {
             format: certificate::FORMAT.to_string(),
             job_id: job.job_id.clone(),

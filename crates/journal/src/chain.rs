@@ -136,9 +136,6 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     let mut expected_seq = 1i64;
     let mut prev = GENESIS.to_string();
     let mut states: HashMap<String, JobState> = HashMap::new();
-    // Each job's scope and its hash as requested: what the job table says it acts on must be
-    // what the chain says was asked for.
-    let mut requested: HashMap<String, (lethe_core::Scope, String)> = HashMap::new();
     let mut facts: BTreeMap<String, Facts> = BTreeMap::new();
     let entries = rows.len() as u64;
     for r in rows {
@@ -170,15 +167,8 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
                 if let Some(job) = &job {
                     facts.entry(job.clone()).or_default().add(&at, &entry);
                 }
-                if let (
-                    Some(job),
-                    Entry::JobRequested {
-                        scope, scope_hash, ..
-                    },
-                ) = (&job, &entry)
-                {
+                if let (Some(job), Entry::JobRequested { .. }) = (&job, &entry) {
                     states.insert(job.clone(), JobState::Requested);
-                    requested.insert(job.clone(), (scope.clone(), scope_hash.clone()));
                 } else if let (Some(job), Some(ev)) = (&job, entry.event()) {
                     match states.get(job).copied().map(|s| transition(s, ev)) {
                         Some(Ok(next)) => {
@@ -224,14 +214,6 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         .map_err(db)?;
     for r in &jobs {
         let (job, state) = (r[0].text(), r[1].text());
-        if let Some((scope, hash)) = requested.get(&job) {
-            let table: Option<lethe_core::Scope> = serde_json::from_str(&r[2].text()).ok();
-            if table.as_ref() != Some(scope) || &r[3].text() != hash {
-                problems.push(format!(
-                    "job {job}'s scope in the job table is not the scope its request journaled"
-                ));
-            }
-        }
         match states.get(&job) {
             Some(s) if s.as_str() == state => {}
             Some(s) => problems.push(format!(
@@ -259,6 +241,8 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
 struct Facts {
     /// basis, policy version, deadline, and the request's time.
     requested: Option<(String, String, String, String)>,
+    /// The scope and its hash as requested.
+    scope: Option<(lethe_core::Scope, String)>,
     /// subject epoch, tenant epoch, tombstoned version.
     fence: Option<(Option<u64>, Option<u64>, Option<String>)>,
     inventoried: BTreeMap<String, u64>,
@@ -269,11 +253,14 @@ impl Facts {
     fn add(&mut self, at: &str, e: &Entry) {
         match e {
             Entry::JobRequested {
+                scope,
+                scope_hash,
                 basis,
                 policy_version,
                 deadline,
                 ..
             } => {
+                self.scope = Some((scope.clone(), scope_hash.clone()));
                 self.requested = Some((
                     basis.as_str().to_string(),
                     policy_version.clone(),
@@ -312,7 +299,7 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
     let Some(r) = tx
         .row(
             "SELECT basis, policy_version, deadline, requested_at, subject_epoch, tenant_epoch, \
-             tombstone_version, certificate FROM jobs WHERE job_id = $1",
+             tombstone_version, certificate, scope, scope_hash FROM jobs WHERE job_id = $1",
             &[job.into()],
         )
         .map_err(db)?
@@ -322,6 +309,14 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
         ));
         return Ok(out);
     };
+    if let Some((scope, hash)) = &f.scope {
+        let table: Option<lethe_core::Scope> = serde_json::from_str(&r[8].text()).ok();
+        if table.as_ref() != Some(scope) || &r[9].text() != hash {
+            out.push(format!(
+                "job {job}'s scope in the job table is not the scope its request journaled"
+            ));
+        }
+    }
     let mut differs = |what: &str, same: bool| {
         if !same {
             out.push(format!(
