@@ -1515,6 +1515,31 @@ fn a_lost_or_swapped_key_file_is_refused_once_the_journal_holds_jobs() {
         out["continued"], true,
         "the held job is continued, not duplicated"
     );
+    // A journal an older Lethe made records no key: its certificates say which key signed
+    // them, and another key is not bound in its place.
+    rusqlite::Connection::open(env.path().join("lethe-journal.db"))
+        .unwrap()
+        .execute("DELETE FROM lethe_meta WHERE k = 'signing_key'", [])
+        .unwrap();
+    std::fs::write(&key, format!("{other}\n")).unwrap();
+    refused(&env.run(&["jobs"]), "but this journal's jobs were signed");
+    std::fs::write(&key, &original).unwrap();
+    assert_eq!(code(&env.run(&["jobs"])), 0);
+    std::fs::write(&key, format!("{other}\n")).unwrap();
+    refused(&env.run(&["jobs"]), "but this journal's jobs were signed");
+    // A journal without jobs needs no particular key: a dry run's key may go.
+    let fresh = Env::new(500);
+    let inv = ["inventory", "--tenant", "acme", "--subject", "alice"];
+    assert_eq!(code(&fresh.run(&inv)), 0);
+    std::fs::remove_file(fresh.path().join("lethe.key")).unwrap();
+    assert_eq!(
+        code(&fresh.run(&inv)),
+        0,
+        "a new key for a journal without jobs"
+    );
+    assert_eq!(code(&fresh.run(&ERASE_ALICE)), 0);
+    std::fs::remove_file(fresh.path().join("lethe.key")).unwrap();
+    refused(&fresh.run(&inv), "lethe.key is missing");
 }
 
 #[test]

@@ -169,6 +169,8 @@ pub struct Engine {
     /// Probes taken while the journal opened ([`Engine::open_probing`]), each target's result;
     /// the first [`Engine::probe_all`] uses them instead of probing again.
     probed: std::sync::Mutex<Option<Vec<Result<(), AdapterError>>>>,
+    /// Whether the journal records this key (else the next request binds it).
+    key_bound: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -247,7 +249,7 @@ impl Engine {
         journal: Journal,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, EngineError> {
-        let key = Self::journal_key(&config.key_file, &journal)?;
+        let (key, bound) = Self::journal_key(&config.key_file, &journal)?;
         Ok(Self {
             journal,
             targets: config.targets,
@@ -259,6 +261,7 @@ impl Engine {
             batch_rows: config.batch_rows,
             gate: None,
             probed: std::sync::Mutex::new(None),
+            key_bound: std::sync::atomic::AtomicBool::new(bound),
         })
     }
 
@@ -267,10 +270,11 @@ impl Engine {
     fn journal_key(
         path: &std::path::Path,
         journal: &Journal,
-    ) -> Result<lethe_core::keys::DeploymentKey, EngineError> {
+    ) -> Result<(lethe_core::keys::DeploymentKey, bool), EngineError> {
         let shown = path.display().to_string();
         let recorded = journal.signing_key()?;
-        if !path.exists() && (recorded.is_some() || journal.has_jobs()?) {
+        // Only jobs need the key they were made with; a journal without any takes a new one.
+        if !path.exists() && journal.has_jobs()? {
             return Err(keyfile::KeyError::Lost {
                 path: shown,
                 recorded: recorded
@@ -280,20 +284,32 @@ impl Engine {
         }
         let key = keyfile::load_or_create(path)?;
         let mine = lethe_core::certificate::key_name(&key.verifying_key());
-        // One read when the key is recorded already (every open but the first).
-        let bound = match recorded {
-            Some(r) => r,
-            None => journal.bind_signing_key(&mine)?,
-        };
-        if bound != mine {
-            return Err(keyfile::KeyError::Mismatch {
-                path: shown,
-                found: mine,
-                recorded: bound,
+        let mismatch = |recorded: String| -> EngineError {
+            keyfile::KeyError::Mismatch {
+                path: shown.clone(),
+                found: mine.clone(),
+                recorded,
             }
-            .into());
+            .into()
+        };
+        match recorded {
+            // Every open but the first: one read.
+            Some(r) if r == mine => {}
+            Some(r) if journal.has_jobs()? => return Err(mismatch(r)),
+            Some(_) => journal.set_signing_key(&mine)?,
+            // A journal an older Lethe made: its certificates say which key signed them.
+            None if journal.has_jobs()? => {
+                if let Some(signer) = journal.certificate_signer()? {
+                    if signer != mine {
+                        return Err(mismatch(signer));
+                    }
+                }
+                journal.bind_signing_key(&mine)?;
+            }
+            // No job yet: bound by the first request.
+            None => return Ok((key, false)),
         }
-        Ok(key)
+        Ok((key, true))
     }
 
     /// The journal, for listings and the gate's library API.
@@ -499,6 +515,21 @@ impl Engine {
                      basis's first period); without one it would be recorded and do nothing",
                 ));
             }
+        }
+        // The key the job will be hashed and signed with is the journal's from now on.
+        if !self.key_bound.load(std::sync::atomic::Ordering::Relaxed) {
+            let mine = lethe_core::certificate::key_name(&self.key.verifying_key());
+            let bound = self.journal.bind_signing_key(&mine)?;
+            if bound != mine {
+                return Err(keyfile::KeyError::Mismatch {
+                    path: "(this process's key file)".into(),
+                    found: mine,
+                    recorded: bound,
+                }
+                .into());
+            }
+            self.key_bound
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         // The certificate is written last, after the erasure: a folder it cannot go in is
         // found now, before anything is touched.

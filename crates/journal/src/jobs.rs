@@ -420,6 +420,34 @@ impl Journal {
         })
     }
 
+    /// Records `id` as the signing key, replacing any: for a journal without jobs, whose
+    /// recorded key protects nothing yet.
+    pub fn set_signing_key(&self, id: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.exec(
+                "INSERT INTO lethe_meta (k, v) VALUES ('signing_key', $1) \
+                 ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+                &[id.into()],
+            )
+            .map_err(db)?;
+            Ok(())
+        })
+    }
+
+    /// The key that signed one of the stored certificates (`signed_by`), if any is stored.
+    pub fn certificate_signer(&self) -> Result<Option<String>> {
+        self.read(|tx| {
+            Ok(tx
+                .row(
+                    "SELECT certificate FROM jobs WHERE certificate IS NOT NULL LIMIT 1",
+                    &[],
+                )
+                .map_err(db)?
+                .and_then(|r| serde_json::from_str::<serde_json::Value>(&r[0].text()).ok())
+                .and_then(|c| c["signed_by"].as_str().map(str::to_owned)))
+        })
+    }
+
     /// The recorded signing key's public id, if any (see [`Journal::bind_signing_key`]).
     pub fn signing_key(&self) -> Result<Option<String>> {
         self.read(|tx| {
