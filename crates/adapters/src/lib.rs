@@ -157,10 +157,16 @@ pub trait Adapter: Send + Sync {
     }
 
     /// The local files the target reads and erases in (a SQLite database, its registry's),
-    /// the target's own first: what a journal or a second target of the same kind must not
-    /// share.
+    /// the target's own first: what a journal must not share.
     fn files(&self) -> Vec<std::path::PathBuf> {
         Vec::new()
+    }
+
+    /// What two targets of this kind on the same file must not share, or they would inventory
+    /// and certify the same rows (a tenant scope included): for a store, the literal labels
+    /// before the tenant; a checkpointer's threads are all one table's. `None`: no such check.
+    fn overlap_key(&self) -> Option<String> {
+        None
     }
 
     /// For a memory scope without an explicit version: the version current now, if this

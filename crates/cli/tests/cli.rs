@@ -577,7 +577,7 @@ fn bad_config_exits_2_and_says_what_to_fix() {
         (
             base.clone()
                 + "\n[[target]]\nname = \"memories2\"\nkind = \"langgraph-sqlite-store\"\nclass = \"primary\"\npath = \"./memory/../memory/store.db\"\nnamespace = [\"{tenant}\", \"{subject}\"]\n",
-            "targets memories and memories2 are the same langgraph-sqlite-store file",
+            "targets memories and memories2 are the same langgraph-sqlite-store file and layout",
         ),
         (
             base.replace("sqlite:lethe-journal.db", "sqlite://lethe-journal.db"),
@@ -624,6 +624,11 @@ fn bad_config_exits_2_and_says_what_to_fix() {
         assert!(!stderr(&out).contains("PWZQ"), "{}", stderr(&out));
         assert_eq!(env.memory_bytes(), before);
     }
+    // Two stores in one file under different namespace roots hold different rows: accepted.
+    let env = Env::with_config(&(base.clone()
+        + "\n[[target]]\nname = \"profiles\"\nkind = \"langgraph-sqlite-store\"\nclass = \"primary\"\npath = \"memory/store.db\"\nnamespace = [\"profiles\", \"{tenant}\", \"{subject}\"]\n"));
+    let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
     let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
         .args(["--config", "/nonexistent/lethe.toml", "targets"])
         .output()

@@ -200,7 +200,7 @@ fn check_files(
             base.join(p)
         })
     });
-    let mut mains: Vec<(PathBuf, &lethe_adapters::Target)> = Vec::new();
+    let mut seen: Vec<(String, &lethe_adapters::Target)> = Vec::new();
     for t in targets {
         let files: Vec<PathBuf> = t.adapter.files().iter().map(|f| same_file(f)).collect();
         if journal.as_ref().is_some_and(|j| files.contains(j)) {
@@ -209,17 +209,17 @@ fn check_files(
                 t.name
             ));
         }
-        if let Some(main) = files.first() {
-            if let Some((_, other)) = mains.iter().find(|(f, o)| f == main && o.kind == t.kind) {
+        if let Some(key) = t.adapter.overlap_key() {
+            if let Some((_, other)) = seen.iter().find(|(k, o)| *k == key && o.kind == t.kind) {
                 return Err(format!(
-                    "targets {} and {} are the same {} file: each would inventory and \
-                     certify the same rows; keep one",
+                    "targets {} and {} are the same {} file and layout: each would \
+                     inventory and certify the same rows; keep one",
                     other.name,
                     t.name,
                     t.kind.as_str()
                 ));
             }
-            mains.push((main.clone(), t));
+            seen.push((key, t));
         }
     }
     Ok(())

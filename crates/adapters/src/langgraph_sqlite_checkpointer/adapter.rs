@@ -412,6 +412,11 @@ impl Adapter for Checkpointer {
         })
     }
 
+    fn overlap_key(&self) -> Option<String> {
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        Some(path.display().to_string())
+    }
+
     fn files(&self) -> Vec<PathBuf> {
         let mut files = vec![self.path.clone()];
         files.extend(self.registry.as_ref().map(|r| r.path.clone()));

@@ -176,6 +176,19 @@ impl Adapter for Store {
         vec![self.path.clone()]
     }
 
+    fn overlap_key(&self) -> Option<String> {
+        let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
+        let literals: Vec<&str> = self
+            .template
+            .iter()
+            .map_while(|l| match l {
+                Label::Literal(s) => Some(s.as_str()),
+                _ => None,
+            })
+            .collect();
+        Some(format!("{}\u{0}{}", path.display(), literals.join("\u{0}")))
+    }
+
     fn place(&self) -> String {
         let path = std::fs::canonicalize(&self.path).unwrap_or_else(|_| self.path.clone());
         format!("sqlite:{}", path.display())
