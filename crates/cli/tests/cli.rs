@@ -2388,6 +2388,37 @@ fn without_checkpoints(config: &str) -> String {
     format!("{}{}", &config[..start], &config[next..])
 }
 
+/// A memory request without `--version` while a store is unreachable: retry later (exit 1),
+/// not "bad input", and no job.
+#[test]
+fn a_memory_request_with_a_store_unreachable_is_retryable_not_bad_input() {
+    let env = Env::with_config(
+        &(CONFIG.replace("BATCH", "500")
+            + "\n[[target]]\nname = \"pgstore\"\nkind = \"langgraph-postgres-store\"\nclass = \"primary\"\nurl = \"postgres://postgres@127.0.0.1:5999/x?sslmode=disable&connect_timeout=2\"\nnamespace = [\"{tenant}\", \"{subject}\"]\n"),
+    );
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--memory",
+        "memories/m-0001",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pgstore is unavailable"),
+        "{}",
+        stderr(&out)
+    );
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty());
+}
+
 /// `work` skips a job this configuration cannot run (its memory now at two versions) and runs
 /// the jobs behind it, instead of stopping at the first.
 #[test]

@@ -184,7 +184,7 @@ impl std::fmt::Debug for Engine {
 
 /// An adapter error outside a job: a scope or schema problem is bad input (exit 2); an
 /// unreachable store is not.
-fn target_error(e: AdapterError) -> EngineError {
+pub(crate) fn target_error(e: AdapterError) -> EngineError {
     if e.is_retryable() {
         EngineError::Target(e)
     } else {
@@ -367,7 +367,7 @@ impl Engine {
         }
         self.targets
             .iter()
-            .map(|t| t.adapter.check_scope(scope).map_err(input))
+            .map(|t| t.adapter.check_scope(scope).map_err(target_error))
             .collect()
     }
 
@@ -533,12 +533,18 @@ impl Engine {
         }
         // The certificate is written last, after the erasure: a folder it cannot go in is
         // found now, before anything is touched.
-        std::fs::create_dir_all(&self.certificates).map_err(|e| {
+        let unwritable = |e: std::io::Error| {
             input(format!(
                 "control.certificates {} is not a folder Lethe can write in ({e})",
                 self.certificates.display()
             ))
-        })?;
+        };
+        std::fs::create_dir_all(&self.certificates).map_err(unwritable)?;
+        let probe = self
+            .certificates
+            .join(format!(".lethe-write-check-{}", random_hex(4)?));
+        std::fs::write(&probe, b"").map_err(unwritable)?;
+        std::fs::remove_file(&probe).map_err(unwritable)?;
         // A memory scope must name a version some target holds (or an explicit one) before a
         // job exists: a request that cannot be frozen creates nothing.
         self.resolve_version(&req.scope)?;

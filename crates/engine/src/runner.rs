@@ -202,7 +202,11 @@ impl Engine {
         }
         let mut found: Vec<(&str, Version)> = Vec::new();
         for t in &self.targets {
-            if let Some(v) = t.adapter.current_version(scope).map_err(input)? {
+            if let Some(v) = t
+                .adapter
+                .current_version(scope)
+                .map_err(crate::target_error)?
+            {
                 found.push((&t.name, v));
             }
         }
