@@ -46,9 +46,9 @@ pub fn run(args: Args) -> i32 {
 /// (zero-width, bidirectional mark), or a combining accent (a decomposed letter).
 fn looks_like_another(id: &str) -> bool {
     id.trim() != id
-        || id.chars().any(|c| {
-            matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{0300}'..='\u{036F}')
-        })
+        || id
+            .chars()
+            .any(|c| lethe_core::ident::is_invisible(c) || matches!(c, '\u{0300}'..='\u{036F}'))
 }
 
 pub(crate) fn parse_scope(s: &ScopeArgs) -> Result<Scope, Exit> {
@@ -483,6 +483,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     "updated_at": job.updated_at, "deadline": job.deadline, "subject_epoch": job.subject_epoch,
                     "tenant_epoch": job.tenant_epoch, "blocked_reason": job.blocked_reason,
                     "blocked_target": job.blocked_target, "targets": targets, "certificate_path": out.certificate_path,
+                    "frozen_version": job.tombstone_version,
                 }));
             } else {
                 outln!(
@@ -499,6 +500,11 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     job.requested_at,
                     job.deadline
                 );
+                // The version a memory certificate's scope hash binds (`certificate verify
+                // --version`); a timestamp, not an identifier.
+                if let Some(v) = &job.tombstone_version {
+                    outln!("frozen version {v}");
+                }
                 if let Some(r) = job.blocked_reason {
                     outln!(
                         "blocked: {r}{}",
@@ -591,7 +597,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     if matches!(scope, Scope::Memory { version: None, .. }) {
                         outln!(
                             "A memory certificate binds the version it erased: give --version \
-                             (the item's updated_at, as the job froze it)."
+                             (`lethe job show JOB` shows it as frozen_version)."
                         );
                     }
                     return Ok(1);

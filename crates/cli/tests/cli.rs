@@ -605,6 +605,14 @@ fn bad_config_exits_2_and_says_what_to_fix() {
             "control or invisible characters",
         ),
         (
+            base.replace("name = \"memories\"", "name = \"memories\u{61c}\""),
+            "control or invisible characters",
+        ),
+        (
+            base.replace("name = \"memories\"", "name = \"memories\u{e0041}\""),
+            "control or invisible characters",
+        ),
+        (
             base.clone()
                 + "\n[[target]]\nname = \"cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:1\"\npattern = \"{tenant}:{subject}:*\"\ntimeout_ms = 0\n",
             "timeout_ms must be between 1 and 600000",
@@ -1295,6 +1303,8 @@ fn memory_scope_erases_one_item_and_tombstones_its_version() {
     let out = verify(None);
     assert_eq!(code(&out), 1);
     assert!(String::from_utf8_lossy(&out.stdout).contains("give --version"));
+    let (_, shown) = env.json(&["job", "show", job, "--json"]);
+    assert_eq!(shown["frozen_version"], "2026-12-02T09:58:14.000000Z");
     assert_eq!(code(&verify(Some("2026-12-02T09:58:14.000000Z"))), 0);
     assert_eq!(code(&verify(Some("2026-12-02T09:58:15.000000Z"))), 1);
 }

@@ -37,6 +37,17 @@ pub enum IdentError {
     },
 }
 
+/// A character that prints as nothing (or as a blank) and makes one name look like another:
+/// format characters (zero-width, bidirectional marks and overrides), variation selectors,
+/// fillers and tags. Not a full Unicode category table; the ones seen in look-alike names.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{2800}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}'
+        | '\u{FEFF}' | '\u{FFA0}' | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E0FFF}')
+}
+
 fn check(field: &'static str, s: &str) -> Result<(), IdentError> {
     if s.is_empty() {
         return Err(IdentError::Empty { field });

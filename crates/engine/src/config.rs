@@ -277,9 +277,7 @@ impl Config {
             // print alike.
             if t.name.is_empty()
                 || t.name.chars().any(|c| {
-                    c.is_control()
-                        || c.is_whitespace()
-                        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}' | '\u{00AD}')
+                    c.is_control() || c.is_whitespace() || lethe_core::ident::is_invisible(c)
                 })
             {
                 return Err(invalid(format!(
