@@ -65,6 +65,11 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
             if let Some(f) = ["checkpoints.db", "store.db", "app.db"]
                 .iter()
                 .map(|n| mem.join(n))
+                .chain(
+                    ["lethe-journal.db", "lethe.key"]
+                        .iter()
+                        .map(|n| dir.join(n)),
+                )
                 .find(|p| p.exists())
             {
                 return Err(bad(format!(

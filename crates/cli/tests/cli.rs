@@ -2559,4 +2559,12 @@ fn demo_never_overwrites_a_folder_it_did_not_make() {
         b"not the demo's"
     );
     assert!(!other.join("lethe.toml").exists());
+    // Nor another deployment's journal or key, which the demo would write into or sign with.
+    for f in ["lethe-journal.db", "lethe.key"] {
+        let other = dir.path().join(format!("with-{f}"));
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join(f), b"theirs").unwrap();
+        refused(&demo(&other), "the demo did not write it");
+        assert_eq!(std::fs::read(other.join(f)).unwrap(), b"theirs");
+    }
 }
