@@ -32,7 +32,7 @@ pub enum EngineError {
     #[error("{0}")]
     Input(String),
     /// A legal hold refused the job; it stays where it is, touching nothing more (exit 4).
-    #[error("job {job_id} is held by legal hold {}: nothing more was touched; it stays {state} until the hold is released and the job resumed", holds.join(", "))]
+    #[error("job {job_id} is held by legal hold {}: nothing more was touched; it stays {state} until the hold is released (then `lethe resume {job_id}` or `lethe work` runs it)", holds.join(", "))]
     Held {
         /// The job.
         job_id: String,
