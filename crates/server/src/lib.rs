@@ -118,14 +118,31 @@ pub async fn run(
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("Shutting down: no new connections; ending revocation streams.");
-            let _ = stop_tx.send(true);
-        })
-        .await
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let notify = Arc::clone(&stopping);
+    let serve = axum::serve(listener, api::router(state)).with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("Shutting down: no new connections; ending revocation streams.");
+        let _ = stop_tx.send(true);
+        notify.notify_one();
+    });
+    let serve = std::future::IntoFuture::into_future(serve);
+    // A graceful stop waits for every connection to end, and one that sends half a request
+    // never does: after SHUTDOWN_GRACE the rest are dropped, so a stop is bounded.
+    tokio::select! {
+        r = serve => r,
+        _ = async {
+            stopping.notified().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "Connections still open after the stop signal; closing them.");
+            Ok(())
+        }
+    }
 }
+
+/// How long a stop waits for open connections to end before it drops them.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How often `lethe serve` deletes ended permits and expired leases (`Journal::sweep_gate`).
 pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);

@@ -410,6 +410,7 @@ both!(
     a_renewed_lease_keeps_a_long_run_going_until_an_erasure_revokes_it,
     memory_scope_revokes_only_the_lease_that_read_that_version,
     shutdown_ends_revocation_streams,
+    a_half_sent_request_does_not_hold_the_stop,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
@@ -1157,6 +1158,26 @@ fn shutdown_ends_revocation_streams(b: Backend) {
         env.runtime().take_lease("acme", "bob", &[], 1_000).is_err(),
         "nothing listens"
     );
+}
+
+/// A client that sends half a request and waits does not hold a stop forever: after the grace
+/// the server ends anyway.
+fn a_half_sent_request_does_not_hold_the_stop(b: Backend) {
+    use std::io::Write;
+    let mut env = Env::new(b, Arc::new(SystemClock));
+    let mut half = std::net::TcpStream::connect(&env.addr).unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    // The server has read it (a full request on another connection answers meanwhile).
+    assert!(env.runtime().take_lease("acme", "bob", &[], 1_000).is_ok());
+    let asked = Instant::now();
+    env.shutdown().expect("the stop ends");
+    let took = asked.elapsed();
+    assert!(
+        took < lethe_server::SHUTDOWN_GRACE + Duration::from_secs(10),
+        "stopped after {took:?}"
+    );
+    drop(half);
 }
 
 fn a_restarted_server_keeps_fences_and_revocations(b: Backend) {
