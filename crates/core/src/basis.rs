@@ -167,7 +167,10 @@ impl FromStr for Basis {
             .find(|b| b.as_str() == s)
             .ok_or_else(|| {
                 let known: Vec<_> = Self::ALL.iter().map(|b| b.as_str()).collect();
-                format!("unknown basis '{s}'; known: {}", known.join(", "))
+                format!(
+                    "unknown basis (not repeated here); known: {}",
+                    known.join(", ")
+                )
             })
     }
 }

@@ -80,7 +80,12 @@ fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiEr
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        // The scheme's name is case-insensitive (RFC 9110 section 11.1).
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                .map(|_| &v[7..])
+        })
         .unwrap_or("");
     // Compared in full against every token, so timing says nothing about how much matched.
     let role = state

@@ -411,6 +411,7 @@ both!(
     memory_scope_revokes_only_the_lease_that_read_that_version,
     shutdown_ends_revocation_streams,
     a_half_sent_request_does_not_hold_the_stop,
+    bearer_in_any_case_and_no_echo_of_a_bad_basis,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
@@ -1178,6 +1179,32 @@ fn a_half_sent_request_does_not_hold_the_stop(b: Backend) {
         "stopped after {took:?}"
     );
     drop(half);
+}
+
+/// The scheme name is case-insensitive; a basis the server does not know is not repeated.
+fn bearer_in_any_case_and_no_echo_of_a_bad_basis(b: Backend) {
+    use std::io::{Read, Write};
+    let env = Env::new(b, Arc::new(SystemClock));
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let mut c = std::net::TcpStream::connect(&env.addr).unwrap();
+        write!(
+            c,
+            "GET /v1/leases/1 HTTP/1.1\r\nHost: x\r\nAuthorization: {scheme} {RUNTIME}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 404"), "{scheme}: {answer}");
+    }
+    let e = env
+        .operator()
+        .create_job(
+            &json!({"tenant": "acme", "subject": "bob", "basis": "SECRETbasis", "ticket": "T"}),
+        )
+        .unwrap_err();
+    let shown = format!("{e:?} {e}");
+    assert_eq!(code(e), "bad_request");
+    assert!(!shown.contains("SECRETbasis"), "{shown}");
 }
 
 fn a_restarted_server_keeps_fences_and_revocations(b: Backend) {
