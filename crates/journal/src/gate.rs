@@ -472,7 +472,9 @@ impl Journal {
         })
     }
 
-    /// Which of these leases are revoked (unknown ids are left out). For the revocation stream.
+    /// Which of these leases are revoked, or gone: never taken, or swept once expired (maybe
+    /// revoked before). For the revocation stream, which reports either as revoked: the lease
+    /// takes no permit, and a runtime that reconnects after the sweep still hears of it.
     pub fn revoked_among(&self, leases: &[i64]) -> Result<Vec<i64>> {
         if leases.is_empty() {
             return Ok(Vec::new());
@@ -483,11 +485,13 @@ impl Journal {
             let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
             let params: Vec<V> = chunk.iter().map(|&id| V::I(id)).collect();
             let sql = format!(
-                "SELECT lease_id FROM leases WHERE revoked_by IS NOT NULL AND lease_id IN ({})",
+                "SELECT lease_id FROM leases WHERE revoked_by IS NULL AND lease_id IN ({})",
                 marks.join(", ")
             );
             let rows = self.read(|tx| tx.rows(&sql, &params).map_err(db))?;
-            out.extend(rows.iter().filter_map(|r| r[0].i()));
+            let live: std::collections::HashSet<i64> =
+                rows.iter().filter_map(|r| r[0].i()).collect();
+            out.extend(chunk.iter().filter(|id| !live.contains(id)));
         }
         Ok(out)
     }

@@ -412,6 +412,7 @@ both!(
     shutdown_ends_revocation_streams,
     a_half_sent_request_does_not_hold_the_stop,
     bearer_in_any_case_and_no_echo_of_a_bad_basis,
+    a_stream_for_a_gone_lease_reports_it_revoked,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
@@ -1205,6 +1206,29 @@ fn bearer_in_any_case_and_no_echo_of_a_bad_basis(b: Backend) {
     let shown = format!("{e:?} {e}");
     assert_eq!(code(e), "bad_request");
     assert!(!shown.contains("SECRETbasis"), "{shown}");
+}
+
+/// A stream listing a lease that is gone (swept after it expired, maybe revoked before; or never
+/// taken) reports it as revoked and ends, instead of staying silent forever.
+fn a_stream_for_a_gone_lease_reports_it_revoked(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let live = env
+        .runtime()
+        .take_lease("acme", "bob", &[], 60_000)
+        .unwrap();
+    let mut stream = env
+        .runtime()
+        .revocations(&[987_654, live.lease_id])
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(stream.next_revoked().map_err(|e| e.to_string()));
+    });
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the gone lease was reported");
+    assert_eq!(got.unwrap(), Some(987_654));
+    assert!(!env.runtime().is_revoked(live.lease_id).unwrap());
 }
 
 fn a_restarted_server_keeps_fences_and_revocations(b: Backend) {
