@@ -234,32 +234,14 @@ pub(crate) const UPDATED_AT_FORM: &str =
 /// Whether `v` has the form [`UPDATED_AT_FORM`] describes, at a date and time that exist (no
 /// 30 February, no second 60: the stores never write one).
 pub(crate) fn is_updated_at_version(v: &str) -> bool {
-    let b = v.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
-    let num = |r: std::ops::Range<usize>| v[r].parse::<u32>().unwrap_or(u32::MAX);
-    b.len() == 27
-        && digits(0..4)
-        && b[4] == b'-'
-        && digits(5..7)
-        && b[7] == b'-'
-        && digits(8..10)
-        && b[10] == b'T'
-        && digits(11..13)
-        && b[13] == b':'
-        && digits(14..16)
-        && b[16] == b':'
-        && digits(17..19)
-        && b[19] == b'.'
-        && digits(20..26)
-        && b[26] == b'Z'
-        && time::Month::try_from(num(5..7) as u8)
-            .and_then(|m| time::Date::from_calendar_date(num(0..4) as i32, m, num(8..10) as u8))
-            .is_ok()
-        && time::Time::from_hms_micro(
-            num(11..13) as u8,
-            num(14..16) as u8,
-            num(17..19) as u8,
-            num(20..26),
+    // `[year]` would also take a sign or a fifth digit: the length pins the form.
+    v.len() == 27
+        && v.is_ascii()
+        && time::PrimitiveDateTime::parse(
+            v,
+            time::macros::format_description!(
+                "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+            ),
         )
         .is_ok()
 }
