@@ -89,6 +89,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             clock: Arc::new(SystemClock),
             hooks: lethe_server::Hooks::default(),
             sweep_every: lethe_server::SWEEP_EVERY,
+            idle_timeout: lethe_server::IDLE_TIMEOUT,
             postgres,
         };
         lethe_server::run(listener, server, shutdown_signal())

@@ -15,6 +15,7 @@
 //! The listener and the shutdown signal are passed in (mini-redis style), so tests bind port 0.
 
 mod api;
+mod conn;
 mod error;
 mod pg;
 mod pool;
@@ -28,6 +29,7 @@ use lethe_engine::config::Role;
 use lethe_engine::Engine;
 use lethe_journal::Journal;
 
+pub use conn::{IDLE_TIMEOUT, MAX_CONNECTIONS};
 pub use error::ApiError;
 
 /// The OpenAPI 3.1 document served at `GET /v1/openapi.json`.
@@ -50,6 +52,9 @@ pub struct Server {
     pub hooks: Hooks,
     /// How often ended permits and expired leases are deleted ([`SWEEP_EVERY`] in production).
     pub sweep_every: std::time::Duration,
+    /// How long a connection may stay without a byte read or written before it is closed
+    /// ([`IDLE_TIMEOUT`] in production).
+    pub idle_timeout: std::time::Duration,
     /// When the control store is PostgreSQL: its settings, so leases, permits and releases run
     /// on the server's own asynchronous connections (as many as `journals`) instead of a
     /// blocking thread each. `None` (SQLite) keeps every call on `journals`.
@@ -91,6 +96,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let idle_timeout = server.idle_timeout;
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
     let pg = server
         .postgres
@@ -113,11 +119,7 @@ pub async fn run(
     ));
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "Gate listening.");
-    use axum::serve::ListenerExt;
-    // Small request/response pairs: never hold a segment back waiting for an ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    let listener = conn::Limited::new(listener, idle_timeout);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let notify = Arc::clone(&stopping);
     let serve = axum::serve(listener, api::router(state)).with_graceful_shutdown(async move {

@@ -59,6 +59,7 @@ struct Env {
     clock: Arc<dyn Clock>,
     addr: String,
     sweep_every: Duration,
+    idle_timeout: Duration,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
 }
@@ -116,6 +117,7 @@ impl Env {
             clock,
             addr: String::new(),
             sweep_every,
+            idle_timeout: lethe_server::IDLE_TIMEOUT,
             stop: None,
             thread: None,
         };
@@ -137,6 +139,7 @@ impl Env {
             clock: Arc::clone(&self.clock),
             hooks,
             sweep_every: self.sweep_every,
+            idle_timeout: self.idle_timeout,
             // PostgreSQL: the asynchronous gate path, as `lethe serve` runs it.
             postgres: self.journal.starts_with("postgres").then(|| {
                 lethe_postgres::Settings::from_url(&self.journal, self.dir.path()).unwrap()
@@ -413,6 +416,7 @@ both!(
     a_half_sent_request_does_not_hold_the_stop,
     bearer_in_any_case_and_no_echo_of_a_bad_basis,
     a_stream_for_a_gone_lease_reports_it_revoked,
+    an_idle_connection_is_closed_after_the_timeout,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
@@ -1229,6 +1233,33 @@ fn a_stream_for_a_gone_lease_reports_it_revoked(b: Backend) {
         .expect("the gone lease was reported");
     assert_eq!(got.unwrap(), Some(987_654));
     assert!(!env.runtime().is_revoked(live.lease_id).unwrap());
+}
+
+/// A connection with nothing read or written for the idle timeout is closed (a client holding
+/// half a request no longer holds a descriptor forever), while a revocation stream, which
+/// writes a keepalive, and a request answered in time are untouched.
+fn an_idle_connection_is_closed_after_the_timeout(b: Backend) {
+    use std::io::{Read, Write};
+    let mut env = Env::new(b, Arc::new(SystemClock));
+    env.shutdown().unwrap();
+    env.idle_timeout = Duration::from_millis(800);
+    env.start(Hooks::default());
+    let mut half = std::net::TcpStream::connect(&env.addr).unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let asked = Instant::now();
+    let mut rest = Vec::new();
+    // The server closes it: the read ends (EOF or reset), well before the client's 20 s.
+    let _ = half.read_to_end(&mut rest);
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "closed after {:?}",
+        asked.elapsed()
+    );
+    assert!(env.runtime().take_lease("acme", "bob", &[], 60_000).is_ok());
+    env.shutdown().unwrap();
 }
 
 fn a_restarted_server_keeps_fences_and_revocations(b: Backend) {
