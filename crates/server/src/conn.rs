@@ -78,9 +78,17 @@ impl Guarded {
         self.deadline.as_mut().reset(at);
     }
 
-    /// `Pending` from the socket: an error once the deadline passed, else still pending (the
-    /// deadline's timer wakes the task).
-    fn idle_or_pending<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+    /// What the socket answered, with the idle rule: any answer restarts the deadline; a
+    /// `Pending` is an error once the deadline passed (its timer wakes the task).
+    fn after<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.touched();
+            return polled;
+        }
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -98,13 +106,8 @@ impl AsyncRead for Guarded {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.tcp).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                this.touched();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.idle_or_pending(cx),
-        }
+        let polled = Pin::new(&mut this.tcp).poll_read(cx, buf);
+        this.after(cx, polled)
     }
 }
 
@@ -115,13 +118,8 @@ impl AsyncWrite for Guarded {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.tcp).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                this.touched();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.idle_or_pending(cx),
-        }
+        let polled = Pin::new(&mut this.tcp).poll_write(cx, buf);
+        this.after(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -130,13 +128,8 @@ impl AsyncWrite for Guarded {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                this.touched();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.idle_or_pending(cx),
-        }
+        let polled = Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs);
+        this.after(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
