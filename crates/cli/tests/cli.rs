@@ -1856,17 +1856,40 @@ fn a_locked_store_blocks_the_job_and_resume_completes_it_once_the_lock_is_gone()
 
 /// One RESP command to the standalone Redis of `LETHE_REDIS_URL`, db 9; the reply's first line.
 fn redis_cmd(args: &[&str]) -> String {
-    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let hostport = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let hostport = standalone_redis();
     redis_at(&hostport, &[vec!["SELECT", "9"], args.to_vec()])
 }
 
 /// RESP commands to one Redis at `host:port`, pipelined; the last reply's first line.
+/// The standalone Redis the tests use, as `host:port`.
+fn standalone_redis() -> String {
+    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    url.trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// A refused run touched nothing: no memory file changed, no job, alice's key still there;
+/// then the key is removed.
+fn untouched_then_unlink(
+    env: &Env,
+    before: &BTreeMap<&'static str, Vec<u8>>,
+    hostport: &str,
+    key: &str,
+) {
+    assert_eq!(&env.memory_bytes(), before, "no memory file changed");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+    assert_eq!(
+        redis_at(hostport, &[vec!["GET", key]]),
+        "$6",
+        "alice's key kept"
+    );
+    redis_at(hostport, &[vec!["UNLINK", key]]);
+}
+
 fn redis_at(hostport: &str, cmds: &[Vec<&str>]) -> String {
     use std::io::{BufRead, BufReader, Write};
     let mut s = std::net::TcpStream::connect(hostport).expect("redis reachable (scripts/test)");
@@ -1948,15 +1971,7 @@ fn a_redis_url_at_a_cluster_node_exits_2_and_touches_nothing() {
         refused(&out, why);
         redis_at(&owner, &[vec!["ACL", "DELUSER", &user]]);
     }
-    assert_eq!(env.memory_bytes(), before, "no memory file changed");
-    let (_, jobs) = env.json(&["jobs", "--json"]);
-    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
-    assert_eq!(
-        redis_at(&owner, &[vec!["GET", &key]]),
-        "$6",
-        "alice's key kept"
-    );
-    redis_at(&owner, &[vec!["UNLINK", &key]]);
+    untouched_then_unlink(&env, &before, &owner, &key);
 }
 
 /// The mirror case: `nodes` listing a standalone server is a configuration error (exit 2,
@@ -1965,13 +1980,7 @@ fn a_redis_url_at_a_cluster_node_exits_2_and_touches_nothing() {
 fn redis_nodes_at_a_standalone_server_exits_2_and_touches_nothing() {
     let prefix = format!("ltstand{}", std::process::id());
     let key = format!("{prefix}:acme:alice:a");
-    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let hostport = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let hostport = standalone_redis();
     assert_eq!(redis_at(&hostport, &[vec!["SET", &key, "cached"]]), "+OK");
     let env = Env::with_config(
         &(CONFIG.replace("BATCH", "500")
@@ -1992,15 +2001,7 @@ fn redis_nodes_at_a_standalone_server_exits_2_and_touches_nothing() {
             "never echoes the identifier"
         );
     }
-    assert_eq!(env.memory_bytes(), before, "no memory file changed");
-    let (_, jobs) = env.json(&["jobs", "--json"]);
-    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
-    assert_eq!(
-        redis_at(&hostport, &[vec!["GET", &key]]),
-        "$6",
-        "alice's key kept"
-    );
-    redis_at(&hostport, &[vec!["UNLINK", &key]]);
+    untouched_then_unlink(&env, &before, &hostport, &key);
 }
 
 /// Index mode removes a subject's set with a script: a user without scripting is refused up
@@ -2009,13 +2010,7 @@ fn redis_nodes_at_a_standalone_server_exits_2_and_touches_nothing() {
 fn redis_index_mode_without_scripting_exits_2_and_touches_nothing() {
     let pid = std::process::id();
     let (prefix, user) = (format!("ltnoeval{pid}"), format!("ltnoeval{pid}"));
-    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let hostport = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let hostport = standalone_redis();
     assert_eq!(
         redis_at(
             &hostport,
