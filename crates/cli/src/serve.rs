@@ -74,7 +74,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         .enable_all()
         .build()
         .map_err(|e| Exit(1, e.into()))?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&listen)
             .await
             .map_err(|e| bad(format!("cannot listen on {listen}: {e}")))?;
@@ -95,7 +95,12 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         lethe_server::run(listener, server, shutdown_signal())
             .await
             .map_err(|e| Exit(1, e.into()))
-    })?;
+    });
+    // A gate call still waiting on the control store (a lock, a slow disk) runs on a blocking
+    // thread the stop cannot cut; dropping the runtime would wait for it. Its transaction is
+    // rolled back when the process ends, so the stop stays bounded.
+    runtime.shutdown_timeout(lethe_server::SHUTDOWN_GRACE);
+    served?;
     Ok(0)
 }
 

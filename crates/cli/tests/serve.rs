@@ -264,3 +264,81 @@ fn sigterm_stops_the_server_cleanly_on_either_journal() {
     pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
         .unwrap();
 }
+
+/// A stop is bounded even while a gate call waits on the control store: here a lease status
+/// waits on a PostgreSQL lock the test holds. The call runs on a blocking thread the stop
+/// cannot cut, and the process used to wait for it (49 s seen); its transaction is rolled back
+/// when the process ends.
+#[test]
+fn a_stop_is_bounded_while_a_gate_call_waits_on_a_lock() {
+    use std::io::{Read, Write};
+    let admin = std::env::var("LETHE_PG15_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let db = format!("lethe_cl_{}", std::process::id());
+    let mut pg = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .unwrap();
+    pg.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+    let dir = setup(&CONFIG.replace("sqlite:lethe-journal.db", &url));
+    let (mut child, addr) = serve(dir.path());
+    let rt = Client::new(&addr, RUNTIME);
+    let lease = rt.take_lease("acme", "bob", &[], 60_000).unwrap();
+    let mut locker = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let waiting_addr = addr.clone();
+    std::thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(&waiting_addr).unwrap();
+        let _ = write!(
+            c,
+            "GET /v1/leases/{} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RUNTIME}\r\n\r\n",
+            lease.lease_id
+        );
+        let _ = c.read_to_end(&mut Vec::new());
+    });
+    // The call is waiting on the lock: PostgreSQL says so.
+    let mut watch = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while watch
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the gate call never waited");
+        std::thread::yield_now();
+    }
+    let asked = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let limit = Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if asked.elapsed() > limit {
+            break None;
+        }
+        std::thread::yield_now();
+    };
+    let took = asked.elapsed();
+    lock.rollback().unwrap();
+    let status = status.unwrap_or_else(|| child.wait().unwrap());
+    assert!(
+        took < Duration::from_secs(20),
+        "the stop took {took:?} (exit {status:?})"
+    );
+    assert_eq!(status.code(), Some(0));
+    drop(watch);
+    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        .unwrap();
+}

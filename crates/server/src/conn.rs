@@ -1,98 +1,140 @@
-//! The connections `lethe serve` accepts: at most [`MAX_CONNECTIONS`] at once, each closed once
-//! nothing was read or written on it for its idle timeout (a client that sends half a request,
-//! or none, would otherwise hold a descriptor forever). A revocation stream writes a keepalive
-//! every 15 s, so an idle timeout above that never cuts one.
+//! The connections `lethe serve` accepts, and how long each may make the server wait.
+//!
+//! - At most [`MAX_CONNECTIONS`] at once; past it, new ones wait in the listen backlog.
+//! - Each bound is on the client, never on the server's own work: a request's headers must all
+//!   arrive within the idle timeout of the server starting to wait for them (hyper's header
+//!   read timeout, which also closes a kept-alive connection that sends nothing); the rest of a
+//!   body within the idle timeout of the server first waiting on it; and a response's bytes must
+//!   be taken by the client within the idle timeout of the socket's buffer filling. A request
+//!   the server is slow to answer (a gate call waiting on a lock) is never cut: its permit
+//!   would be registered and its answer lost.
+//! - A revocation stream writes a keepalive every 15 s and reads nothing, so no bound cuts one.
+//! - A stop closes the listener, asks every connection to end after its request in flight,
+//!   and after [`crate::SHUTDOWN_GRACE`] drops the ones still open.
 
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
+use axum::Router;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, Sleep};
+use tokio::task::JoinSet;
+use tokio::time::Sleep;
 
 /// The most connections served at once; past it, new ones wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 4096;
 
-/// How long a connection may stay without a byte read or written ([`crate::Server`]'s
-/// `idle_timeout` in production).
+/// How long the server waits on a client ([`crate::Server`]'s `idle_timeout` in production):
+/// for a request's headers, for the rest of its body, for it to take a response's bytes.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub(crate) struct Limited {
-    inner: TcpListener,
-    slots: Arc<Semaphore>,
+/// Serves `app` on `listener` until `stop` resolves, then ends the connections (see the module
+/// documentation).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
     idle: Duration,
-}
-
-impl Limited {
-    pub(crate) fn new(inner: TcpListener, idle: Duration) -> Self {
-        Self {
-            inner,
-            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
-            idle,
-        }
-    }
-}
-
-impl axum::serve::Listener for Limited {
-    type Io = Guarded;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Guarded, std::net::SocketAddr) {
-        let slot = Arc::clone(&self.slots)
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let (tcp, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+    grace: Duration,
+    stop: impl Future<Output = ()>,
+) {
+    let mut listener = listener;
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    let mut open = JoinSet::new();
+    let app = TowerToHyperService::new(app);
+    let mut stop = pin!(stop);
+    loop {
+        let next = async {
+            let slot = Arc::clone(&slots)
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed");
+            // Never fails: axum's accept retries what a listener can recover from.
+            let (tcp, _) = axum::serve::Listener::accept(&mut listener).await;
+            (tcp, slot)
+        };
+        let (tcp, slot) = tokio::select! {
+            _ = &mut stop => break,
+            // Finished connections are reaped as they end, so the set stays as large as the open.
+            Some(_) = open.join_next(), if !open.is_empty() => continue,
+            accepted = next => accepted,
+        };
         // Small request/response pairs: never hold a segment back waiting for an ACK.
         let _ = tcp.set_nodelay(true);
-        let guarded = Guarded {
+        let io = TokioIo::new(Guarded {
             tcp,
             _slot: slot,
-            idle: self.idle,
-            deadline: Box::pin(tokio::time::sleep(self.idle)),
-        };
-        (guarded, addr)
+            idle,
+            write_deadline: None,
+        });
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            hyper::service::Service::call(&app, req.map(|b| Body::new(Timed::new(b, idle))))
+        });
+        let mut closing = closing_rx.clone();
+        open.spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).header_read_timeout(idle);
+            let mut conn = pin!(http.serve_connection(io, service));
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = closing.wait_for(|c| *c) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+        });
     }
-
-    fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
+    drop(listener);
+    let _ = closing_tx.send(true);
+    let ended =
+        tokio::time::timeout(grace, async { while open.join_next().await.is_some() {} }).await;
+    if ended.is_err() {
+        tracing::warn!(
+            connections = open.len(),
+            grace_s = grace.as_secs(),
+            "Connections still open after the stop signal; closing them."
+        );
+        open.shutdown().await;
     }
 }
 
-/// A connection holding its slot, with its idle deadline.
-pub(crate) struct Guarded {
+/// A connection holding its slot, with the deadline of a write the client is not taking.
+struct Guarded {
     tcp: TcpStream,
     _slot: OwnedSemaphorePermit,
     idle: Duration,
-    deadline: Pin<Box<Sleep>>,
+    /// Set when a write first finds the socket's buffer full; cleared by the next write taken.
+    write_deadline: Option<Pin<Box<Sleep>>>,
 }
 
 impl Guarded {
-    fn touched(&mut self) {
-        let at = Instant::now() + self.idle;
-        self.deadline.as_mut().reset(at);
-    }
-
-    /// What the socket answered, with the idle rule: any answer restarts the deadline; a
-    /// `Pending` is an error once the deadline passed (its timer wakes the task).
-    fn after<T>(
+    /// What a write answered, with the rule: a `Pending` is an error once the client has taken
+    /// nothing for the idle timeout (its timer wakes the task).
+    fn after_write<T>(
         &mut self,
         cx: &mut Context<'_>,
         polled: Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         if polled.is_ready() {
-            self.touched();
+            self.write_deadline = None;
             return polled;
         }
-        match self.deadline.as_mut().poll(cx) {
+        let idle = self.idle;
+        let deadline = self
+            .write_deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+        match deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "connection idle past its timeout",
+                "the client took no bytes of the response within the idle timeout",
             ))),
             Poll::Pending => Poll::Pending,
         }
@@ -105,9 +147,7 @@ impl AsyncRead for Guarded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.tcp).poll_read(cx, buf);
-        this.after(cx, polled)
+        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
     }
 }
 
@@ -119,7 +159,7 @@ impl AsyncWrite for Guarded {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.tcp).poll_write(cx, buf);
-        this.after(cx, polled)
+        this.after_write(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -129,7 +169,7 @@ impl AsyncWrite for Guarded {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs);
-        this.after(cx, polled)
+        this.after_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -142,5 +182,58 @@ impl AsyncWrite for Guarded {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
+
+/// A request body whose rest must arrive within the idle timeout of the server first waiting
+/// on it. The timer is made only then: a body that came with its headers costs nothing.
+struct Timed {
+    inner: Incoming,
+    idle: Duration,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Timed {
+    fn new(inner: Incoming, idle: Duration) -> Self {
+        Self {
+            inner,
+            idle,
+            deadline: None,
+        }
+    }
+}
+
+impl hyper::body::Body for Timed {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending => {
+                let idle = this.idle;
+                let deadline = this
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                match deadline.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Some(Err(
+                        "the request body did not arrive within the idle timeout".into(),
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        hyper::body::Body::is_end_stream(&self.inner)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        hyper::body::Body::size_hint(&self.inner)
     }
 }

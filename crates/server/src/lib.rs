@@ -119,28 +119,19 @@ pub async fn run(
     ));
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "Gate listening.");
-    let listener = conn::Limited::new(listener, idle_timeout);
-    let stopping = Arc::new(tokio::sync::Notify::new());
-    let notify = Arc::clone(&stopping);
-    let serve = axum::serve(listener, api::router(state)).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("Shutting down: no new connections; ending revocation streams.");
-        let _ = stop_tx.send(true);
-        notify.notify_one();
-    });
-    let serve = std::future::IntoFuture::into_future(serve);
-    // A graceful stop waits for every connection to end, and one that sends half a request
-    // never does: after SHUTDOWN_GRACE the rest are dropped, so a stop is bounded.
-    tokio::select! {
-        r = serve => r,
-        _ = async {
-            stopping.notified().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => {
-            tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "Connections still open after the stop signal; closing them.");
-            Ok(())
-        }
-    }
+    conn::serve(
+        listener,
+        api::router(state),
+        idle_timeout,
+        SHUTDOWN_GRACE,
+        async move {
+            shutdown.await;
+            tracing::info!("Shutting down: no new connections; ending revocation streams.");
+            let _ = stop_tx.send(true);
+        },
+    )
+    .await;
+    Ok(())
 }
 
 /// How long a stop waits for open connections to end before it drops them.

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Barrier};
+use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use lethe_client::{Client, Permit, Sink};
@@ -417,6 +417,8 @@ both!(
     bearer_in_any_case_and_no_echo_of_a_bad_basis,
     a_stream_for_a_gone_lease_reports_it_revoked,
     an_idle_connection_is_closed_after_the_timeout,
+    a_slow_answer_is_not_cut_by_the_idle_timeout,
+    a_client_trickling_headers_or_a_body_is_closed,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
@@ -1258,6 +1260,102 @@ fn an_idle_connection_is_closed_after_the_timeout(b: Backend) {
         "closed after {:?}",
         asked.elapsed()
     );
+    assert!(env.runtime().take_lease("acme", "bob", &[], 60_000).is_ok());
+    env.shutdown().unwrap();
+}
+
+/// A request the server is slow to answer (here its gate call waits three idle timeouts) gets
+/// its answer: the idle timeout bounds the client, never the server's own work. It used to cut
+/// the connection, and the permit it registered was never known to the runtime (its job stayed
+/// BLOCKED, undrained).
+fn a_slow_answer_is_not_cut_by_the_idle_timeout(b: Backend) {
+    let (arrived_tx, arrived_rx) = mpsc::channel::<()>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (arrived_tx, go_rx) = (Mutex::new(arrived_tx), Mutex::new(go_rx));
+    // Only the first request waits, so a resent one (a client retrying a cut connection)
+    // would go through and show as a second permit.
+    let armed = AtomicBool::new(true);
+    let hooks = Hooks {
+        before_permit: Some(Arc::new(move || {
+            if armed.swap(false, SeqCst) {
+                arrived_tx.lock().unwrap().send(()).unwrap();
+                go_rx.lock().unwrap().recv().unwrap();
+            }
+        })),
+    };
+    let mut env = Env::new(b, Arc::new(SystemClock));
+    env.shutdown().unwrap();
+    env.idle_timeout = Duration::from_millis(500);
+    env.start(hooks);
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "bob", &[], 60_000).unwrap();
+    let taking = std::thread::spawn(move || rt.take_permit(lease.lease_id, Sink::Tool));
+    arrived_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the permit request reached the gate");
+    // What is tested is real time passing beyond the timeout while the server works (the
+    // connection's timers run on the runtime's clock), not an ordering.
+    #[allow(clippy::disallowed_methods)]
+    std::thread::sleep(env.idle_timeout * 3);
+    go_tx.send(()).unwrap();
+    let permit = taking.join().unwrap().expect("the slow answer arrived");
+    assert_eq!(env.permits_of(lease.lease_id), 1, "one request, one permit");
+    env.runtime().release_permit(permit).unwrap();
+    env.shutdown().unwrap();
+}
+
+/// A client that sends a byte now and then, never finishing its headers or its body, holds its
+/// connection no longer than about the idle timeout: the bound is on the whole, not on the gap
+/// between two bytes (a slot per such client would otherwise be held forever).
+fn a_client_trickling_headers_or_a_body_is_closed(b: Backend) {
+    use std::io::{Read, Write};
+    let mut env = Env::new(b, Arc::new(SystemClock));
+    env.shutdown().unwrap();
+    env.idle_timeout = Duration::from_millis(800);
+    env.start(Hooks::default());
+    let body_head = format!(
+        "POST /v1/leases HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RUNTIME}\r\n\
+         Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n{{"
+    );
+    for (what, head) in [
+        (
+            "headers",
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_string(),
+        ),
+        ("body", body_head),
+    ] {
+        let mut c = std::net::TcpStream::connect(&env.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        c.write_all(head.as_bytes()).unwrap();
+        let started = Instant::now();
+        let mut buf = [0u8; 512];
+        let ended = loop {
+            if started.elapsed() > Duration::from_secs(15) {
+                break false;
+            }
+            // One byte per read wait (200 ms), well inside the 800 ms between two bytes.
+            if c.write_all(b"a").is_err() {
+                break true;
+            }
+            match c.read(&mut buf) {
+                Ok(_) => break true, // an end of file, or an answer refusing the request
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break true,
+            }
+        };
+        assert!(
+            ended,
+            "{what}: the trickling connection was still open after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: closed after {:?}",
+            started.elapsed()
+        );
+    }
     assert!(env.runtime().take_lease("acme", "bob", &[], 60_000).is_ok());
     env.shutdown().unwrap();
 }
