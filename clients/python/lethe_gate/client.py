@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import select
 import socket
 import threading
 import time
@@ -210,7 +211,9 @@ class GateClient:
     def _conn(self) -> tuple[http.client.HTTPConnection, bool]:
         """This thread's kept-alive connection, and whether it was used before."""
         c = getattr(self._local, "conn", None)
-        if c is not None and time.monotonic() - self._local.used > _IDLE_S:
+        if c is not None and (time.monotonic() - self._local.used > _IDLE_S or _closed_by_peer(c)):
+            # Found before the request is sent, never after: a request that may have been acted
+            # on (a permit registered, a release) is never sent twice.
             self._drop()
             c = None
         if c is None:
@@ -250,10 +253,11 @@ class GateClient:
                 resp = conn.getresponse()
                 raw = resp.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
-                # A reused connection the server closed while it sat idle: the request was
-                # not read, so sending it once more on a fresh connection is safe.
+                # A reused connection that failed anyway (the server closed it just as the
+                # request left): only a read is sent again. Anything else may have been acted
+                # on, so the caller sees Unavailable.
                 self._drop()
-                if reused and attempt == 1:
+                if reused and attempt == 1 and method == "GET":
                     continue
                 raise Unavailable(f"the gate closed the connection ({type(e).__name__})") from e
             except (OSError, http.client.HTTPException) as e:
@@ -278,6 +282,23 @@ class GateClient:
         except ValueError:
             pass
         raise error_for(resp.status, code, message)
+
+
+def _closed_by_peer(conn: http.client.HTTPConnection) -> bool:
+    """Whether the server has closed a kept-alive connection (or sent bytes nobody asked for):
+    a look at the socket without waiting."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        if hasattr(select, "poll"):  # no limit on descriptor numbers, unlike select()
+            p = select.poll()
+            p.register(sock, select.POLLIN)
+            return bool(p.poll(0))
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable)
+    except (OSError, ValueError):
+        return True
 
 
 class Lease:

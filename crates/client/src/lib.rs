@@ -252,6 +252,12 @@ impl Client {
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        // A kept-alive connection the server has closed meanwhile (its idle timeout, a restart)
+        // is found before the request is sent, never after: a request that may have been acted
+        // on (a permit registered, a release) is never sent twice.
+        if guard.as_ref().is_some_and(closed_by_peer) {
+            *guard = None;
+        }
         for attempt in 0..2 {
             let fresh = guard.is_none();
             if fresh {
@@ -272,9 +278,10 @@ impl Client {
                     return serde_json::from_slice(&bytes)
                         .map_err(|e| Error::Protocol(e.to_string()));
                 }
-                // A kept-alive connection the server closed: retry once on a new one. Only
-                // for a stale connection, so a request is never sent twice to a live one.
-                Err(Error::Io(_)) if !fresh && attempt == 0 => *guard = None,
+                // A reused connection that failed anyway (the server closed it just as the
+                // request left): only a read is sent again, on a new one. Anything else may
+                // have been acted on, so its caller sees the error.
+                Err(Error::Io(_)) if !fresh && attempt == 0 && method == "GET" => *guard = None,
                 Err(e) => {
                     *guard = None;
                     return Err(e);
@@ -283,6 +290,23 @@ impl Client {
         }
         Err(Error::Protocol("unreachable retry".into()))
     }
+}
+
+/// Whether the server has closed a kept-alive connection (or sent bytes nobody asked for):
+/// a look at the socket without waiting.
+fn closed_by_peer(reader: &BufReader<TcpStream>) -> bool {
+    if !reader.buffer().is_empty() {
+        return true;
+    }
+    let s = reader.get_ref();
+    if s.set_nonblocking(true).is_err() {
+        return true;
+    }
+    let peeked = s.peek(&mut [0u8; 1]);
+    if s.set_nonblocking(false).is_err() {
+        return true;
+    }
+    !matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 fn refusal(status: u16, body: &[u8]) -> Error {
@@ -446,5 +470,106 @@ impl Revocations {
             self.pending
                 .push_str(&String::from_utf8_lossy(&bytes).replace("\r\n", "\n"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The keep-alive rules against a scripted server on a real socket: a connection the server
+    //! closed is replaced before a request is sent, and a request that may have been acted on
+    //! is never sent twice.
+
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    /// Reads one request; returns its request line.
+    fn read_request(r: &mut BufReader<TcpStream>) -> String {
+        let mut first = String::new();
+        r.read_line(&mut first).unwrap();
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            r.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        r.read_exact(&mut body).unwrap();
+        first.trim_end().to_string()
+    }
+
+    fn answer(r: &mut BufReader<TcpStream>, json: &str) {
+        write!(
+            r.get_mut(),
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+            json.len()
+        )
+        .unwrap();
+    }
+
+    /// The server closed the kept-alive connection while it sat idle: the next permit goes on a
+    /// new connection, once.
+    #[test]
+    fn a_connection_the_server_closed_is_replaced_before_the_request_is_sent() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let (done_tx, done_rx) = mpsc::channel();
+        let (closed_tx, closed_rx) = mpsc::channel::<()>();
+        let runner = std::thread::spawn(move || {
+            let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            closed_rx.recv().unwrap();
+            let second = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            done_tx.send((first, second)).unwrap();
+        });
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        assert_eq!(read_request(&mut one), "POST /v1/permits HTTP/1.1");
+        answer(&mut one, r#"{"permit_id": 1}"#);
+        one.get_ref().shutdown(std::net::Shutdown::Both).unwrap();
+        drop(one);
+        closed_tx.send(()).unwrap();
+        let mut two = BufReader::new(listener.accept().unwrap().0);
+        assert_eq!(read_request(&mut two), "POST /v1/permits HTTP/1.1");
+        answer(&mut two, r#"{"permit_id": 2}"#);
+        let (first, second) = done_rx.recv().unwrap();
+        assert_eq!((first.unwrap(), second.unwrap()), (1, 2));
+        runner.join().unwrap();
+    }
+
+    /// The server read a permit request and closed the connection without an answer (a crash
+    /// after the permit may have been registered): the client reports it and does not send the
+    /// request again, which would register a second permit no one releases.
+    #[test]
+    fn a_permit_request_cut_after_it_was_sent_is_not_sent_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let (done_tx, done_rx) = mpsc::channel();
+        let runner = std::thread::spawn(move || {
+            let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            let second = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            done_tx.send((first, second)).unwrap();
+        });
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        assert_eq!(read_request(&mut one), "POST /v1/permits HTTP/1.1");
+        answer(&mut one, r#"{"permit_id": 1}"#);
+        assert_eq!(read_request(&mut one), "POST /v1/permits HTTP/1.1");
+        one.get_ref().shutdown(std::net::Shutdown::Both).unwrap();
+        drop(one);
+        let (first, second) = done_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the client answered without waiting on a resent request");
+        assert_eq!(first.unwrap(), 1);
+        assert!(matches!(second, Err(Error::Io(_))), "{second:?}");
+        listener.set_nonblocking(true).unwrap();
+        assert!(
+            matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the request was sent again on a new connection"
+        );
+        runner.join().unwrap();
     }
 }

@@ -1,0 +1,97 @@
+"""The client's keep-alive rules against a scripted server on a real socket: a connection the
+server closed is replaced before a request is sent, and a request that may have been acted on
+(a permit registered) is never sent twice."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import unittest
+
+import lethe_gate
+from lethe_gate import Unavailable
+
+
+def read_request(f) -> str:
+    """Reads one request from a socket file; returns its request line."""
+    first = f.readline().decode().rstrip("\r\n")
+    length = 0
+    while True:
+        line = f.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.decode().partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    f.read(length)
+    return first
+
+
+def answer(conn: socket.socket, body: str) -> None:
+    conn.sendall(
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+
+
+class KeepAliveTest(unittest.TestCase):
+    def setUp(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addCleanup(self.listener.close)
+        port = self.listener.getsockname()[1]
+        self.client = lethe_gate.GateClient(f"http://127.0.0.1:{port}", "t", watch=False)
+        self.addCleanup(self.client.close)
+
+    def test_a_connection_the_server_closed_is_replaced_before_the_request_is_sent(self):
+        results: list = []
+        closed = threading.Event()
+
+        def run() -> None:
+            results.append(self.client.take_permit(7, "tool"))
+            closed.wait(10)
+            results.append(self.client.take_permit(7, "tool"))
+
+        t = threading.Thread(target=run)
+        t.start()
+        one, _ = self.listener.accept()
+        with one, one.makefile("rb") as f:
+            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            answer(one, '{"permit_id": 1}')
+            one.shutdown(socket.SHUT_RDWR)
+        closed.set()
+        self.listener.settimeout(10)
+        two, _ = self.listener.accept()
+        with two, two.makefile("rb") as f:
+            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            answer(two, '{"permit_id": 2}')
+            t.join(10)
+        self.assertEqual(results, [1, 2])
+
+    def test_a_permit_request_cut_after_it_was_sent_is_not_sent_again(self):
+        results: list = []
+
+        def run() -> None:
+            results.append(self.client.take_permit(7, "tool"))
+            try:
+                results.append(self.client.take_permit(7, "tool"))
+            except Unavailable as e:
+                results.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        one, _ = self.listener.accept()
+        with one, one.makefile("rb") as f:
+            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            answer(one, '{"permit_id": 1}')
+            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            one.shutdown(socket.SHUT_RDWR)
+        t.join(10)
+        self.assertFalse(t.is_alive(), "the client waits on a resent request")
+        self.assertEqual(results[0], 1)
+        self.assertIsInstance(results[1], Unavailable)
+        self.listener.setblocking(False)
+        with self.assertRaises(BlockingIOError, msg="the request was sent again on a new connection"):
+            self.listener.accept()
+
+
+if __name__ == "__main__":
+    unittest.main()
