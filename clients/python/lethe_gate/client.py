@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import secrets
 import select
 import socket
 import threading
@@ -35,8 +36,9 @@ SINKS = ("output", "tool", "state")
 """The acceptance points a permit can be taken for."""
 
 # A kept-alive connection idle longer than this is replaced rather than reused, so a request is
-# rarely sent into a connection the server is closing. (A reused connection that fails before
-# any response byte is retried once; see GateClient._call.)
+# rarely sent into a connection the server is closing. (One the server has closed is found
+# before a request is sent; a request whose answer is lost goes again only if that is safe; see
+# GateClient._call.)
 _IDLE_S = 20.0
 
 
@@ -116,14 +118,20 @@ class GateClient:
         Returns the new expiry, milliseconds since 1970-01-01 UTC. Raises
         :class:`~lethe_gate.Revoked` or :class:`~lethe_gate.Expired` for a lease that cannot be
         renewed: read the memory again and take a new lease."""
-        r = self._call("POST", f"/v1/leases/{int(lease_id)}/renew", {"ttl_ms": int(ttl_ms)}, expect=(200,))
+        # Sent again after a lost answer: a renewal only ever moves the expiry later.
+        r = self._call(
+            "POST", f"/v1/leases/{int(lease_id)}/renew", {"ttl_ms": int(ttl_ms)}, expect=(200,), resend=True
+        )
         return int(r["expires_ms"])
 
     def take_permit(self, lease_id: int, sink: str) -> int:
         """Takes a permit (prefer :meth:`Lease.permit`). Returns its id."""
         if sink not in SINKS:
             raise ValueError(f"sink must be one of {', '.join(SINKS)}")
-        r = self._call("POST", "/v1/permits", {"lease_id": lease_id, "sink": sink}, expect=(200, 201))
+        # A key of its own: if the answer is lost, the take goes once more with it and gets the
+        # permit the first sending registered, which can then be released.
+        body = {"lease_id": lease_id, "sink": sink, "key": secrets.token_hex(16)}
+        r = self._call("POST", "/v1/permits", body, expect=(200, 201), resend=True)
         return int(r["permit_id"])
 
     def take_permit_releasing(self, lease_id: int, sink: str, previous: int) -> tuple[int, bool]:
@@ -138,8 +146,8 @@ class GateClient:
         """
         if sink not in SINKS:
             raise ValueError(f"sink must be one of {', '.join(SINKS)}")
-        body = {"lease_id": lease_id, "sink": sink, "release": int(previous)}
-        r = self._call("POST", "/v1/permits", body, expect=(200, 201))
+        body = {"lease_id": lease_id, "sink": sink, "release": int(previous), "key": secrets.token_hex(16)}
+        r = self._call("POST", "/v1/permits", body, expect=(200, 201), resend=True)
         return int(r["permit_id"]), bool(r["released"])
 
     def release_permit(self, permit_id: int) -> None:
@@ -238,8 +246,18 @@ class GateClient:
             c.close()
 
     def _call(
-        self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200,)
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        expect: tuple[int, ...] = (200,),
+        resend: bool | None = None,
     ) -> Any:
+        """One request. ``resend``: it may go once more after a lost answer (a read, a keyed
+        permit take, a renewal: a second sending changes nothing the first did not); by default
+        only a GET may."""
+        if resend is None:
+            resend = method == "GET"
         if self._closed:
             raise Unavailable("the client is closed")
         data = None if body is None else json.dumps(body).encode()
@@ -247,17 +265,17 @@ class GateClient:
         if data is not None:
             headers["Content-Type"] = "application/json"
         for attempt in (1, 2):
-            conn, reused = self._conn()
+            conn, _ = self._conn()
             try:
                 conn.request(method, self._prefix + path, body=data, headers=headers)
                 resp = conn.getresponse()
                 raw = resp.read()
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
-                # A reused connection that failed anyway (the server closed it just as the
-                # request left): only a read is sent again. Anything else may have been acted
-                # on, so the caller sees Unavailable.
+                # The answer was lost (the server closed the connection just as the request
+                # left, a proxy cut it): only a request that may go again does, once. Anything
+                # else may have been acted on, so the caller sees Unavailable.
                 self._drop()
-                if reused and attempt == 1 and method == "GET":
+                if attempt == 1 and resend:
                     continue
                 raise Unavailable(f"the gate closed the connection ({type(e).__name__})") from e
             except (OSError, http.client.HTTPException) as e:

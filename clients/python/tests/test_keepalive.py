@@ -1,9 +1,10 @@
 """The client's keep-alive rules against a scripted server on a real socket: a connection the
-server closed is replaced before a request is sent, and a request that may have been acted on
-(a permit registered) is never sent twice."""
+server closed is replaced before a request is sent; a lost answer makes a keyed permit take go
+again with its key, and nothing else that may have been acted on (a release)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import unittest
@@ -12,8 +13,8 @@ import lethe_gate
 from lethe_gate import Unavailable
 
 
-def read_request(f) -> str:
-    """Reads one request from a socket file; returns its request line."""
+def read_request(f) -> tuple[str, bytes]:
+    """Reads one request from a socket file; returns its request line and body."""
     first = f.readline().decode().rstrip("\r\n")
     length = 0
     while True:
@@ -23,13 +24,12 @@ def read_request(f) -> str:
         name, _, value = line.decode().partition(":")
         if name.strip().lower() == "content-length":
             length = int(value)
-    f.read(length)
-    return first
+    return first, f.read(length)
 
 
-def answer(conn: socket.socket, body: str) -> None:
+def answer(conn: socket.socket, body: str, status: str = "201 Created") -> None:
     conn.sendall(
-        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
     )
 
 
@@ -48,31 +48,31 @@ class KeepAliveTest(unittest.TestCase):
         def run() -> None:
             results.append(self.client.take_permit(7, "tool"))
             closed.wait(10)
-            results.append(self.client.take_permit(7, "tool"))
+            results.append(self.client.release_permit(1))
 
         t = threading.Thread(target=run)
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            self.assertEqual(read_request(f)[0], "POST /v1/permits HTTP/1.1")
             answer(one, '{"permit_id": 1}')
             one.shutdown(socket.SHUT_RDWR)
         closed.set()
         self.listener.settimeout(10)
         two, _ = self.listener.accept()
         with two, two.makefile("rb") as f:
-            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
-            answer(two, '{"permit_id": 2}')
+            self.assertEqual(read_request(f)[0], "DELETE /v1/permits/1 HTTP/1.1")
+            answer(two, "", "204 No Content")
             t.join(10)
-        self.assertEqual(results, [1, 2])
+        self.assertEqual(results, [1, None])
 
-    def test_a_permit_request_cut_after_it_was_sent_is_not_sent_again(self):
+    def test_a_release_cut_after_it_was_sent_is_not_sent_again(self):
         results: list = []
 
         def run() -> None:
             results.append(self.client.take_permit(7, "tool"))
             try:
-                results.append(self.client.take_permit(7, "tool"))
+                results.append(self.client.release_permit(1))
             except Unavailable as e:
                 results.append(e)
 
@@ -80,17 +80,39 @@ class KeepAliveTest(unittest.TestCase):
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            self.assertEqual(read_request(f)[0], "POST /v1/permits HTTP/1.1")
             answer(one, '{"permit_id": 1}')
-            self.assertEqual(read_request(f), "POST /v1/permits HTTP/1.1")
+            self.assertEqual(read_request(f)[0], "DELETE /v1/permits/1 HTTP/1.1")
             one.shutdown(socket.SHUT_RDWR)
         t.join(10)
         self.assertFalse(t.is_alive(), "the client waits on a resent request")
         self.assertEqual(results[0], 1)
         self.assertIsInstance(results[1], Unavailable)
         self.listener.setblocking(False)
-        with self.assertRaises(BlockingIOError, msg="the request was sent again on a new connection"):
+        with self.assertRaises(BlockingIOError, msg="the release was sent again on a new connection"):
             self.listener.accept()
+
+    def test_a_permit_take_cut_after_it_was_sent_goes_again_with_its_key(self):
+        results: list = []
+        t = threading.Thread(target=lambda: results.extend([self.client.take_permit(7, "tool"),
+                                                             self.client.take_permit(7, "tool")]))
+        t.start()
+        one, _ = self.listener.accept()
+        with one, one.makefile("rb") as f:
+            line, body = read_request(f)
+            self.assertEqual(line, "POST /v1/permits HTTP/1.1")
+            first_key = json.loads(body)["key"]
+            one.shutdown(socket.SHUT_RDWR)
+        self.listener.settimeout(10)
+        two, _ = self.listener.accept()
+        with two, two.makefile("rb") as f:
+            self.assertEqual(json.loads(read_request(f)[1])["key"], first_key, "sent again with its key")
+            answer(two, '{"permit_id": 5}')
+            second_key = json.loads(read_request(f)[1])["key"]
+            answer(two, '{"permit_id": 6}')
+            t.join(10)
+        self.assertNotEqual(second_key, first_key, "a new take, a new key")
+        self.assertEqual(results, [5, 6])
 
 
 if __name__ == "__main__":

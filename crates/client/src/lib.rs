@@ -138,8 +138,8 @@ impl Client {
 
     /// Takes a permit at an acceptance point: one atomic check-and-register at the gate.
     pub fn take_permit(&self, lease_id: i64, sink: Sink) -> Result<Permit> {
-        let body = json!({"lease_id": lease_id, "sink": sink.as_str()});
-        let v = self.call("POST", "/v1/permits", Some(&body))?;
+        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "key": take_key()?});
+        let v = self.send("POST", "/v1/permits", Some(&body), true)?;
         v.get("permit_id")
             .and_then(Value::as_i64)
             .map(Permit)
@@ -160,8 +160,9 @@ impl Client {
         sink: Sink,
         previous: Permit,
     ) -> Result<(Permit, bool)> {
-        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "release": previous.0});
-        let v = self.call("POST", "/v1/permits", Some(&body))?;
+        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "release": previous.0,
+            "key": take_key()?});
+        let v = self.send("POST", "/v1/permits", Some(&body), true)?;
         match (
             v.get("permit_id").and_then(Value::as_i64),
             v.get("released").and_then(Value::as_bool),
@@ -176,7 +177,13 @@ impl Client {
     /// erasure revoked or whose TTL already passed: read the memory again, take a new lease.
     pub fn renew_lease(&self, lease_id: i64, ttl_ms: u64) -> Result<i64> {
         let body = json!({ "ttl_ms": ttl_ms });
-        let v = self.call("POST", &format!("/v1/leases/{lease_id}/renew"), Some(&body))?;
+        // Sent again after a lost answer: a renewal only ever moves the expiry later.
+        let v = self.send(
+            "POST",
+            &format!("/v1/leases/{lease_id}/renew"),
+            Some(&body),
+            true,
+        )?;
         v.get("expires_ms")
             .and_then(Value::as_i64)
             .ok_or_else(|| Error::Protocol("no expires_ms".into()))
@@ -250,6 +257,13 @@ impl Client {
 
     /// One request on the keep-alive connection, reconnecting once if the server closed it.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        self.send(method, path, body, method == "GET")
+    }
+
+    /// [`Client::call`]; `resend`: the request may be sent once more after a lost answer (a
+    /// read, a keyed permit take, a renewal), since a second sending changes nothing the first
+    /// did not.
+    fn send(&self, method: &str, path: &str, body: Option<&Value>, resend: bool) -> Result<Value> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         // A kept-alive connection the server has closed meanwhile (its idle timeout, a restart)
@@ -278,10 +292,11 @@ impl Client {
                     return serde_json::from_slice(&bytes)
                         .map_err(|e| Error::Protocol(e.to_string()));
                 }
-                // A reused connection that failed anyway (the server closed it just as the
-                // request left): only a read is sent again, on a new one. Anything else may
-                // have been acted on, so its caller sees the error.
-                Err(Error::Io(_)) if !fresh && attempt == 0 && method == "GET" => *guard = None,
+                // The answer was lost (the server closed the connection just as the request
+                // left, a proxy cut it): only a request that may be sent again is, once, on a
+                // new connection. Anything else may have been acted on, so its caller sees the
+                // error.
+                Err(Error::Io(_)) if attempt == 0 && resend => *guard = None,
                 Err(e) => {
                     *guard = None;
                     return Err(e);
@@ -290,6 +305,13 @@ impl Client {
         }
         Err(Error::Protocol("unreachable retry".into()))
     }
+}
+
+/// A random name for one permit take (its `key`): 128 bits, in hex.
+fn take_key() -> Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::getrandom(&mut b).map_err(|e| Error::Io(std::io::Error::other(e.to_string())))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// Whether the server has closed a kept-alive connection (or sent bytes nobody asked for):
@@ -476,16 +498,16 @@ impl Revocations {
 #[cfg(test)]
 mod tests {
     //! The keep-alive rules against a scripted server on a real socket: a connection the server
-    //! closed is replaced before a request is sent, and a request that may have been acted on
-    //! is never sent twice.
+    //! closed is replaced before a request is sent; a lost answer makes a keyed permit take
+    //! go again with its key, and nothing else that may have been acted on.
 
     use super::*;
     use std::io::Read;
     use std::net::TcpListener;
     use std::sync::mpsc;
 
-    /// Reads one request; returns its request line.
-    fn read_request(r: &mut BufReader<TcpStream>) -> String {
+    /// Reads one request; returns its request line and body.
+    fn read_request(r: &mut BufReader<TcpStream>) -> (String, String) {
         let mut first = String::new();
         r.read_line(&mut first).unwrap();
         let mut length = 0;
@@ -501,20 +523,32 @@ mod tests {
         }
         let mut body = vec![0; length];
         r.read_exact(&mut body).unwrap();
-        first.trim_end().to_string()
+        (
+            first.trim_end().to_string(),
+            String::from_utf8(body).unwrap(),
+        )
     }
 
-    fn answer(r: &mut BufReader<TcpStream>, json: &str) {
+    fn answer(r: &mut BufReader<TcpStream>, status: &str, json: &str) {
         write!(
             r.get_mut(),
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
             json.len()
         )
         .unwrap();
     }
 
-    /// The server closed the kept-alive connection while it sat idle: the next permit goes on a
-    /// new connection, once.
+    fn cut(r: BufReader<TcpStream>) {
+        r.get_ref().shutdown(std::net::Shutdown::Both).unwrap();
+    }
+
+    fn key_of(body: &str) -> String {
+        let v: Value = serde_json::from_str(body).unwrap();
+        v["key"].as_str().expect("a keyed take").to_string()
+    }
+
+    /// The server closed the kept-alive connection while it sat idle: the next request goes on
+    /// a new connection, once.
     #[test]
     fn a_connection_the_server_closed_is_replaced_before_the_request_is_sent() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -524,42 +558,41 @@ mod tests {
         let runner = std::thread::spawn(move || {
             let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
             closed_rx.recv().unwrap();
-            let second = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            let second = client.release_permit(Permit(1));
             done_tx.send((first, second)).unwrap();
         });
         let mut one = BufReader::new(listener.accept().unwrap().0);
-        assert_eq!(read_request(&mut one), "POST /v1/permits HTTP/1.1");
-        answer(&mut one, r#"{"permit_id": 1}"#);
-        one.get_ref().shutdown(std::net::Shutdown::Both).unwrap();
-        drop(one);
+        assert_eq!(read_request(&mut one).0, "POST /v1/permits HTTP/1.1");
+        answer(&mut one, "201 Created", r#"{"permit_id": 1}"#);
+        cut(one);
         closed_tx.send(()).unwrap();
         let mut two = BufReader::new(listener.accept().unwrap().0);
-        assert_eq!(read_request(&mut two), "POST /v1/permits HTTP/1.1");
-        answer(&mut two, r#"{"permit_id": 2}"#);
+        assert_eq!(read_request(&mut two).0, "DELETE /v1/permits/1 HTTP/1.1");
+        answer(&mut two, "204 No Content", "");
         let (first, second) = done_rx.recv().unwrap();
-        assert_eq!((first.unwrap(), second.unwrap()), (1, 2));
+        assert_eq!(first.unwrap(), 1);
+        assert!(second.is_ok(), "{second:?}");
         runner.join().unwrap();
     }
 
-    /// The server read a permit request and closed the connection without an answer (a crash
-    /// after the permit may have been registered): the client reports it and does not send the
-    /// request again, which would register a second permit no one releases.
+    /// The server read a release and closed the connection without an answer: the client
+    /// reports it and does not send it again (a second sending would answer `no_such_permit`
+    /// for a release that worked, or end a permit the caller no longer meant).
     #[test]
-    fn a_permit_request_cut_after_it_was_sent_is_not_sent_again() {
+    fn a_release_cut_after_it_was_sent_is_not_sent_again() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
         let (done_tx, done_rx) = mpsc::channel();
         let runner = std::thread::spawn(move || {
             let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
-            let second = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            let second = client.release_permit(Permit(1));
             done_tx.send((first, second)).unwrap();
         });
         let mut one = BufReader::new(listener.accept().unwrap().0);
-        assert_eq!(read_request(&mut one), "POST /v1/permits HTTP/1.1");
-        answer(&mut one, r#"{"permit_id": 1}"#);
-        assert_eq!(read_request(&mut one), "POST /v1/permits HTTP/1.1");
-        one.get_ref().shutdown(std::net::Shutdown::Both).unwrap();
-        drop(one);
+        assert_eq!(read_request(&mut one).0, "POST /v1/permits HTTP/1.1");
+        answer(&mut one, "201 Created", r#"{"permit_id": 1}"#);
+        assert_eq!(read_request(&mut one).0, "DELETE /v1/permits/1 HTTP/1.1");
+        cut(one);
         let (first, second) = done_rx
             .recv_timeout(Duration::from_secs(30))
             .expect("the client answered without waiting on a resent request");
@@ -568,8 +601,37 @@ mod tests {
         listener.set_nonblocking(true).unwrap();
         assert!(
             matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-            "the request was sent again on a new connection"
+            "the release was sent again on a new connection"
         );
         runner.join().unwrap();
+    }
+
+    /// A permit take whose answer was lost goes once more, with the same key, so the gate
+    /// returns the permit the first sending registered; each take has a key of its own.
+    #[test]
+    fn a_permit_take_cut_after_it_was_sent_goes_again_with_its_key() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let runner = std::thread::spawn(move || {
+            let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            let second = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            (first, second)
+        });
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        let (line, body) = read_request(&mut one);
+        assert_eq!(line, "POST /v1/permits HTTP/1.1");
+        let first_key = key_of(&body);
+        cut(one);
+        let mut two = BufReader::new(listener.accept().unwrap().0);
+        let (_, body) = read_request(&mut two);
+        assert_eq!(key_of(&body), first_key, "sent again with its key");
+        answer(&mut two, "201 Created", r#"{"permit_id": 5}"#);
+        let (_, body) = read_request(&mut two);
+        let second_key = key_of(&body);
+        assert_ne!(second_key, first_key, "a new take, a new key");
+        assert_eq!(second_key.len(), 32);
+        answer(&mut two, "201 Created", r#"{"permit_id": 6}"#);
+        let (first, second) = runner.join().unwrap();
+        assert_eq!((first.unwrap(), second.unwrap()), (5, 6));
     }
 }

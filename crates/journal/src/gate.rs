@@ -66,15 +66,16 @@ impl GateError {
 /// The gate's statements on PostgreSQL: one call each of the functions in schema.rs. Public
 /// for `lethe serve`, which runs them on its own asynchronous connections.
 pub mod pg {
-    /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT) -> permit id or refusal code`: a batch of
-    /// one.
+    /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT, request_key TEXT or NULL) -> permit id or
+    /// refusal code`: a batch of one.
     pub const TAKE_PERMIT: &str =
-        "SELECT (lethe_gate_batch(ARRAY[$1::BIGINT], ARRAY[$2::TEXT], $3, '{}', '{}'))[1]";
-    /// `(lease_ids BIGINT[], sinks TEXT[], now_ms BIGINT, ended_permit_ids BIGINT[], states
-    /// TEXT[]) -> BIGINT[]`: permits taken and ended in one transaction (`lethe serve` batches
+        "SELECT (lethe_gate_batch(ARRAY[$1::BIGINT], ARRAY[$2::TEXT], ARRAY[$4::TEXT], $3, '{}', '{}'))[1]";
+    /// `(lease_ids BIGINT[], sinks TEXT[], request_keys TEXT[] (NULL for none), now_ms BIGINT,
+    /// ended_permit_ids BIGINT[], states TEXT[]) -> BIGINT[]`: permits taken and ended in one
+    /// transaction (`lethe serve` batches
     /// the requests that arrive while its connection is busy): for each take in order its
     /// permit id or refusal code, then for each end 1, or 0 if the permit was not active.
-    pub const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5)";
+    pub const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6)";
 
     /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled') -> 1, or 0 if not active`.
     pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2)";
@@ -247,9 +248,25 @@ impl Journal {
     /// Takes a permit at an acceptance point: one atomic check-and-register. Hold it until the
     /// boundary ends, then [`Journal::release_permit`].
     pub fn take_permit(&self, now: OffsetDateTime, lease: i64, sink: Sink) -> Result<Permit> {
-        if let Some(rows) =
-            self.pg_query(pg::TAKE_PERMIT, &[&lease, &sink.as_str(), &millis(now)])?
-        {
+        self.take_permit_keyed(now, lease, sink, None)
+    }
+
+    /// [`Journal::take_permit`] with the client's name for this take (`key`, unique within the
+    /// lease): a take sent again with the key of one that registered a permit gets that permit
+    /// back, whatever the gate now says (its answer was lost; the permit was issued, and a
+    /// freeze since has it in its drain set). Without this, a runtime whose answer was lost
+    /// could never release the permit, and an erasure would stay BLOCKED on it.
+    pub fn take_permit_keyed(
+        &self,
+        now: OffsetDateTime,
+        lease: i64,
+        sink: Sink,
+        key: Option<&str>,
+    ) -> Result<Permit> {
+        if let Some(rows) = self.pg_query(
+            pg::TAKE_PERMIT,
+            &[&lease, &sink.as_str(), &millis(now), &key],
+        )? {
             let id: i64 = rows.first().map(|r| r.get(0)).unwrap_or(-1);
             return match GateError::from_code(id) {
                 Some(e) => Err(e.into()),
@@ -257,6 +274,19 @@ impl Journal {
             };
         }
         self.write(|tx| {
+            if let Some(key) = key {
+                let prior = tx
+                    .row(
+                        "SELECT permit_id FROM permits WHERE lease_id = $1 AND request_key = $2",
+                        &[V::I(lease), key.into()],
+                    )
+                    .map_err(db)?;
+                if let Some(r) = prior {
+                    return Ok(Permit {
+                        id: r[0].i().unwrap_or(0),
+                    });
+                }
+            }
             let row = tx
                 .row("SELECT tenant, subject, epoch, tenant_epoch, expires_ms, revoked_by FROM leases WHERE lease_id = $1", &[V::I(lease)])
                 .map_err(db)?;
@@ -289,8 +319,8 @@ impl Journal {
             }
             let id = tx
                 .one(
-                    "INSERT INTO permits (lease_id, sink, state, issued_ms) VALUES ($1, $2, 'active', $3) RETURNING permit_id",
-                    &[V::I(lease), sink.as_str().into(), V::I(millis(now))],
+                    "INSERT INTO permits (lease_id, sink, state, issued_ms, request_key) VALUES ($1, $2, 'active', $3, $4) RETURNING permit_id",
+                    &[V::I(lease), sink.as_str().into(), V::I(millis(now)), key.into()],
                 )
                 .map_err(db)?
                 .i()

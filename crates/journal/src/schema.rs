@@ -6,9 +6,10 @@ use sha2::{Digest, Sha256};
 use crate::db::{Tx, V};
 
 /// 3: on PostgreSQL, frozen locators in `inventory_parts`; a Lethe of version 2 would find a
-/// job frozen by version 3 without locators. Recorded at every migration; an open refuses a
-/// store of a newer version than its own.
-const VERSION: i64 = 3;
+/// job frozen by version 3 without locators. 4: a permit's `request_key` (a take sent again
+/// returns the permit its first sending registered), and `lethe_gate_batch` takes the keys.
+/// Recorded at every migration; an open refuses a store of a newer version than its own.
+const VERSION: i64 = 4;
 
 /// Which SQL spelling of integer columns to use.
 #[derive(Clone, Copy)]
@@ -129,7 +130,9 @@ CREATE TABLE IF NOT EXISTS permits (
     lease_id  {INT} NOT NULL REFERENCES leases (lease_id),
     sink      TEXT NOT NULL,
     state     TEXT NOT NULL CHECK (state IN ('active', 'released', 'cancelled')),
-    issued_ms {INT} NOT NULL
+    issued_ms {INT} NOT NULL,
+    -- The client's name for this take, unique within the lease (see `request_key` below).
+    request_key TEXT
 );
 CREATE INDEX IF NOT EXISTS permits_lease ON permits (lease_id, state);
 -- The permits a job's freeze found active: the job cannot leave FROZEN until each is released
@@ -184,7 +187,13 @@ END $f$"#,
     // the first statement did not see (created since) was not locked, and is refused. (One
     // statement for all takes was measured too: cheaper from about four takes a batch, dearer
     // below, and it needs a generic plan forced.)
-    r#"CREATE OR REPLACE FUNCTION lethe_gate_batch(p_leases BIGINT[], p_sinks TEXT[], p_now BIGINT, p_ends BIGINT[], p_end_states TEXT[])
+    //
+    // A take with a key (p_keys[n], NULL for none) that a permit of the same lease already
+    // carries returns that permit, whatever the fence now says: it is the same take sent again
+    // after its answer was lost, and its permit was issued (and, if a freeze came since, is in
+    // its drain set). Two sendings racing: the second's insert finds the first's row and
+    // returns it.
+    r#"CREATE OR REPLACE FUNCTION lethe_gate_batch(p_leases BIGINT[], p_sinks TEXT[], p_keys TEXT[], p_now BIGINT, p_ends BIGINT[], p_end_states TEXT[])
 RETURNS BIGINT[] LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 DECLARE
@@ -192,6 +201,7 @@ DECLARE
     ids BIGINT[] := '{}';
     p_lease BIGINT;
     p_sink TEXT;
+    p_key TEXT;
     id BIGINT;
     changed BIGINT;
 BEGIN
@@ -210,6 +220,15 @@ BEGIN
     FOR n IN 1 .. COALESCE(array_length(p_leases, 1), 0) LOOP
         p_lease := p_leases[n];
         p_sink := p_sinks[n];
+        p_key := p_keys[n];
+        id := NULL;
+        IF p_key IS NOT NULL THEN
+            SELECT p.permit_id INTO id FROM permits p WHERE p.lease_id = p_lease AND p.request_key = p_key;
+            IF id IS NOT NULL THEN
+                ids := ids || id;
+                CONTINUE;
+            END IF;
+        END IF;
         -- After the locks, in one statement of its own (a new snapshot): every check, in the
         -- order the codes are documented, and the insert when all pass.
         WITH c AS (
@@ -226,10 +245,15 @@ BEGIN
                    END AS code
               FROM leases l WHERE l.lease_id = p_lease),
         ins AS (
-            INSERT INTO permits (lease_id, sink, state, issued_ms)
-            SELECT p_lease, p_sink, 'active', p_now FROM c WHERE c.code = 0
+            INSERT INTO permits (lease_id, sink, state, issued_ms, request_key)
+            SELECT p_lease, p_sink, 'active', p_now, p_key FROM c WHERE c.code = 0
+            ON CONFLICT (lease_id, request_key) WHERE request_key IS NOT NULL DO NOTHING
             RETURNING permit_id)
         SELECT COALESCE((SELECT i.permit_id FROM ins i), (SELECT c.code FROM c), -1) INTO id;
+        IF id = 0 THEN
+            -- The same key's other sending committed first (a new snapshot sees it).
+            SELECT p.permit_id INTO id FROM permits p WHERE p.lease_id = p_lease AND p.request_key = p_key;
+        END IF;
         ids := ids || id;
     END LOOP;
     FOR n IN 1 .. COALESCE(array_length(p_ends, 1), 0) LOOP
@@ -390,6 +414,39 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
     for stmt in ddl.split(';').map(str::trim).filter(|s| !s.is_empty()) {
         tx.exec(stmt, &[])?;
     }
+    // Version 4: a permit's request key, on a permits table made before.
+    let has_key = match dialect {
+        Dialect::Sqlite => {
+            tx.one(
+                "SELECT count(*) FROM pragma_table_info('permits') WHERE name = 'request_key'",
+                &[],
+            )?
+            .i() == Some(1)
+        }
+        Dialect::Postgres => false, // ADD COLUMN IF NOT EXISTS below
+    };
+    match dialect {
+        Dialect::Sqlite if !has_key => {
+            tx.exec("ALTER TABLE permits ADD COLUMN request_key TEXT", &[])?;
+        }
+        Dialect::Sqlite => {}
+        Dialect::Postgres => {
+            tx.exec(
+                "ALTER TABLE permits ADD COLUMN IF NOT EXISTS request_key TEXT",
+                &[],
+            )?;
+            // Version 3's, without the keys: replaced, not overloaded.
+            tx.exec(
+                "DROP FUNCTION IF EXISTS lethe_gate_batch(BIGINT[], TEXT[], BIGINT, BIGINT[], TEXT[])",
+                &[],
+            )?;
+        }
+    }
+    tx.exec(
+        "CREATE UNIQUE INDEX IF NOT EXISTS permits_request_key ON permits (lease_id, request_key) \
+         WHERE request_key IS NOT NULL",
+        &[],
+    )?;
     for f in functions {
         tx.exec(f, &[])?;
     }

@@ -169,6 +169,7 @@ both!(
     the_sweep_keeps_what_a_drain_needs_and_deletes_the_rest,
     a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated,
     an_extended_inventory_adds_to_each_allowance_and_completion_drops_every_locator,
+    a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze,
 );
 
 /// The schema's fingerprint is recorded; an open that finds it runs no DDL, an open that finds
@@ -213,10 +214,53 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
         ));
         assert_eq!(st.count("SELECT count(*) FROM inventory_parts"), 2);
     }
+    // Version 3's permits had no request key, and its batch function took none.
+    st.raw("DROP INDEX permits_request_key");
+    st.raw("ALTER TABLE permits DROP COLUMN request_key");
+    if let Store::Postgres { .. } = st {
+        st.raw(
+            "DROP FUNCTION lethe_gate_batch(BIGINT[], TEXT[], TEXT[], BIGINT, BIGINT[], TEXT[]); \
+             CREATE FUNCTION lethe_gate_batch(p_leases BIGINT[], p_sinks TEXT[], p_now BIGINT, \
+             p_ends BIGINT[], p_end_states TEXT[]) RETURNS BIGINT[] LANGUAGE sql AS 'SELECT NULL::BIGINT[]'",
+        );
+    }
     st.raw("UPDATE lethe_meta SET v = 'older' WHERE k = 'schema_fingerprint'");
     st.raw("UPDATE lethe_meta SET v = '2' WHERE k = 'schema_version'");
     let j = st.open();
     assert_eq!(st.count(index), 1, "the older schema was not migrated");
+    let key_column = match st {
+        Store::Sqlite(_) => {
+            "SELECT count(*) FROM pragma_table_info('permits') WHERE name = 'request_key'"
+        }
+        Store::Postgres { .. } => {
+            "SELECT count(*) FROM information_schema.columns \
+             WHERE table_name = 'permits' AND column_name = 'request_key'"
+        }
+    };
+    assert_eq!(
+        st.count(key_column),
+        1,
+        "the permits table has no request key"
+    );
+    if let Store::Postgres { .. } = st {
+        assert_eq!(
+            st.count("SELECT count(*) FROM pg_proc WHERE proname = 'lethe_gate_batch'"),
+            1,
+            "version 3's batch function was overloaded instead of replaced"
+        );
+    }
+    let l = j
+        .take_lease(NOW, &t("acme"), &s("erin"), &[], Duration::from_secs(60))
+        .unwrap();
+    let p = j
+        .take_permit_keyed(NOW, l.id, Sink::Tool, Some("k"))
+        .unwrap();
+    assert_eq!(
+        j.take_permit_keyed(NOW, l.id, Sink::Tool, Some("k"))
+            .unwrap()
+            .id,
+        p.id
+    );
     if let Store::Postgres { .. } = st {
         assert_eq!(
             st.count("SELECT count(*) FROM inventory_parts"),
@@ -232,7 +276,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     // The migration recorded this Lethe's schema version; a store a newer Lethe migrated is
     // refused, with a message that says so, and left as it is.
     assert_eq!(
-        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '3'"),
+        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '4'"),
         1
     );
     st.raw("UPDATE lethe_meta SET v = 'newer' WHERE k = 'schema_fingerprint'");
@@ -240,7 +284,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     let e = Journal::open_url(&st.url(), std::path::Path::new(".")).unwrap_err();
     assert!(
         e.to_string()
-            .contains("schema is version 99, newer than this Lethe's (3)"),
+            .contains("schema is version 99, newer than this Lethe's (4)"),
         "{e}"
     );
     assert_eq!(
@@ -428,6 +472,61 @@ fn freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease(st: Store) 
     // The permit from before the freeze must drain: released, or its cancellation confirmed.
     assert_eq!(j.undrained(&a).unwrap(), 1);
     j.confirm_cancelled(held.id).unwrap();
+    assert_eq!(j.undrained(&a).unwrap(), 0);
+}
+
+/// A runtime whose permit answer was lost sends the take again with the same key: it gets the
+/// permit its first sending registered, once, even after a freeze closed the fence (that
+/// permit was issued before, and the job waits for it). Without the key it could never
+/// release it, and the job would stay BLOCKED. A new key after the freeze is refused as usual,
+/// and a key names a take within its lease only.
+fn a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze(st: Store) {
+    let j = st.open();
+    let ttl = Duration::from_secs(60);
+    let l = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], ttl)
+        .unwrap();
+    let other = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], ttl)
+        .unwrap();
+    let first = j
+        .take_permit_keyed(NOW, l.id, Sink::Tool, Some("k-1"))
+        .unwrap();
+    let again = j
+        .take_permit_keyed(NOW, l.id, Sink::Tool, Some("k-1"))
+        .unwrap();
+    assert_eq!(again.id, first.id);
+    let on_other = j
+        .take_permit_keyed(NOW, other.id, Sink::Tool, Some("k-1"))
+        .unwrap();
+    assert_ne!(on_other.id, first.id, "a key is a lease's own");
+    let unkeyed = j.take_permit(NOW, l.id, Sink::Tool).unwrap();
+    j.release_permit(unkeyed.id).unwrap();
+    j.release_permit(on_other.id).unwrap();
+    assert_eq!(
+        st.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {}",
+            l.id
+        )),
+        2,
+        "one permit per key, and the unkeyed one"
+    );
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    let f = j.freeze(AT, &a, None).unwrap();
+    assert_eq!(f.permits_to_drain, 1);
+    let after = j
+        .take_permit_keyed(NOW, l.id, Sink::Tool, Some("k-1"))
+        .unwrap();
+    assert_eq!(
+        after.id, first.id,
+        "the lost answer is found after the freeze"
+    );
+    assert!(matches!(
+        j.take_permit_keyed(NOW, l.id, Sink::Tool, Some("k-2")),
+        Err(JournalError::Gate(GateError::Revoked))
+    ));
+    assert_eq!(j.undrained(&a).unwrap(), 1);
+    j.release_permit(after.id).unwrap();
     assert_eq!(j.undrained(&a).unwrap(), 0);
 }
 
@@ -769,10 +868,11 @@ fn postgres_gate_batch_answers_each_request_in_order_as_if_alone() {
     let mut c = connect(&st.url()).unwrap();
     let row = c
         .query_one(
-            "SELECT lethe_gate_batch($1, $2, $3, $4, $5)",
+            "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6)",
             &[
                 &vec![bob, alice, 999_999, bob, carol, short],
                 &vec!["tool", "state", "tool", "tool", "output", "tool"],
+                &vec![Some("b-1"), None, None, Some("b-2"), None, Some("d-1")],
                 &later,
                 &vec![held, held, 424_242],
                 &vec!["released", "cancelled", "released"],

@@ -267,7 +267,13 @@ struct PermitJson {
     sink: String,
     /// A permit whose boundary ended, released by the same request (one round trip a cycle).
     release: Option<i64>,
+    /// The client's name for this take, unique within the lease: sent again after a lost
+    /// answer, it returns the permit the first sending registered (`Journal::take_permit_keyed`).
+    key: Option<String>,
 }
+
+/// The longest permit key: room for a UUID or 32 random bytes in hex, with a prefix.
+const MAX_KEY_LEN: usize = 80;
 
 async fn take_permit(
     AxState(state): AxState<State>,
@@ -285,6 +291,17 @@ async fn take_permit(
     if b.release.is_some_and(|p| p < 1) {
         return Err(ApiError::bad_request("release must be a permit id"));
     }
+    if let Some(k) = &b.key {
+        let ok = !k.is_empty()
+            && k.len() <= MAX_KEY_LEN
+            && k.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+        if !ok {
+            return Err(ApiError::bad_request(
+                "key must be 1 to 80 characters of A-Z, a-z, 0-9, '-', '_' and '.'",
+            ));
+        }
+    }
     let clock = Arc::clone(&state.clock);
     let hook = state.hooks.before_permit.clone();
     let (permit, released) = match &state.pg {
@@ -300,6 +317,7 @@ async fn take_permit(
                 b.lease_id,
                 sink,
                 b.release,
+                b.key,
             )
             .await?
         }
@@ -317,7 +335,9 @@ async fn take_permit(
                 if let Some(h) = hook {
                     h();
                 }
-                Ok((j.take_permit(clock.now(), b.lease_id, sink)?, released))
+                let permit =
+                    j.take_permit_keyed(clock.now(), b.lease_id, sink, b.key.as_deref())?;
+                Ok((permit, released))
             })
             .await?
         }

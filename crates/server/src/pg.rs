@@ -64,6 +64,8 @@ enum Op {
         now_ms: i64,
         /// Released in the same transaction, whatever the take's answer.
         release: Option<i64>,
+        /// The client's name for this take (`Journal::take_permit_keyed`).
+        key: Option<String>,
     },
     End {
         permit: i64,
@@ -200,17 +202,19 @@ async fn run_batch(
     takes: &[Waiting],
     ends: &[Waiting],
 ) -> Result<Vec<i64>, ApiError> {
-    let (mut leases, mut sinks, mut now) = (Vec::new(), Vec::new(), 0);
+    let (mut leases, mut sinks, mut keys, mut now) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for w in takes {
         if let Op::Take {
             lease,
             sink,
             now_ms,
+            ref key,
             ..
         } = w.op
         {
             leases.push(lease);
             sinks.push(sink.as_str());
+            keys.push(key.as_deref());
             // One clock reading for the batch: the latest, so no lease is used past its expiry.
             now = now.max(now_ms);
         }
@@ -235,7 +239,10 @@ async fn run_batch(
     let c = slots.conn(&slots.batch).await?;
     let row = c
         .client
-        .query_one(&c.gate_batch, &[&leases, &sinks, &now, &permits, &states])
+        .query_one(
+            &c.gate_batch,
+            &[&leases, &sinks, &keys, &now, &permits, &states],
+        )
         .await
         .map_err(failed)?;
     Ok(row.get(0))
@@ -265,13 +272,15 @@ impl PgGate {
     }
 
     /// Takes a permit; `release`, if given, is released in the same transaction whatever the
-    /// take's answer, and the answer says whether it was active until then.
+    /// take's answer, and the answer says whether it was active until then. `key`: see
+    /// `Journal::take_permit_keyed`.
     pub(crate) async fn take_permit(
         &self,
         now_ms: i64,
         lease: i64,
         sink: Sink,
         release: Option<i64>,
+        key: Option<String>,
     ) -> Result<(Permit, Option<bool>), ApiError> {
         let (id, released) = self
             .submit(Op::Take {
@@ -279,6 +288,7 @@ impl PgGate {
                 sink,
                 now_ms,
                 release,
+                key,
             })
             .await?;
         Ok((Permit { id }, released))

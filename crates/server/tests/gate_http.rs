@@ -418,6 +418,7 @@ both!(
     a_stream_for_a_gone_lease_reports_it_revoked,
     an_idle_connection_is_closed_after_the_timeout,
     a_slow_answer_is_not_cut_by_the_idle_timeout,
+    a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains,
     a_client_trickling_headers_or_a_body_is_closed,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
@@ -1262,6 +1263,46 @@ fn an_idle_connection_is_closed_after_the_timeout(b: Backend) {
     );
     assert!(env.runtime().take_lease("acme", "bob", &[], 60_000).is_ok());
     env.shutdown().unwrap();
+}
+
+/// A runtime whose permit answer was lost sends the take again with its key: it gets the same
+/// permit, even after the freeze closed the fence, so it can release it and the erasure
+/// completes instead of staying BLOCKED on a permit nobody knows. A new key is refused as
+/// usual; a malformed key is a bad request, not repeated.
+fn a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "alice", &[], 60_000).unwrap();
+    let take = |key: &str| {
+        rt.call(
+            "POST",
+            "/v1/permits",
+            Some(&json!({"lease_id": lease.lease_id, "sink": "tool", "key": key})),
+        )
+    };
+    let first = take("run-7.step-3").unwrap()["permit_id"].as_i64().unwrap();
+    assert_eq!(take("run-7.step-3").unwrap()["permit_id"], first);
+    assert_eq!(env.permits_of(lease.lease_id), 1);
+    let job = env.erase("alice", 60);
+    env.wait_frozen(&job);
+    assert_eq!(
+        take("run-7.step-3").unwrap()["permit_id"],
+        first,
+        "the lost answer is found after the freeze"
+    );
+    assert_eq!(code(take("run-7.step-4").unwrap_err()), "revoked");
+    for bad in ["", "has space", "ключ", &"k".repeat(81)] {
+        let e = take(bad).unwrap_err();
+        let shown = format!("{e:?}");
+        assert_eq!(code(e), "bad_request", "{bad:?}");
+        assert!(bad.is_empty() || !shown.contains(bad), "{shown}");
+    }
+    rt.release_permit(Permit(first)).unwrap();
+    let v = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(v["state"], "COMPLETE", "{v}");
+    assert_eq!(env.permits_of(lease.lease_id), 1, "one permit per key");
 }
 
 /// A request the server is slow to answer (here its gate call waits three idle timeouts) gets
