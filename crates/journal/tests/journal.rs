@@ -170,6 +170,7 @@ both!(
     a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated,
     an_extended_inventory_adds_to_each_allowance_and_completion_drops_every_locator,
     a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze,
+    sendings_of_one_keyed_take_racing_register_one_permit,
 );
 
 /// The schema's fingerprint is recorded; an open that finds it runs no DDL, an open that finds
@@ -214,9 +215,11 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
         ));
         assert_eq!(st.count("SELECT count(*) FROM inventory_parts"), 2);
     }
-    // Version 3's permits had no request key, and its batch function took none.
+    // Version 3's permits had no request key but an index on (lease_id, state), and its batch
+    // function took no keys.
     st.raw("DROP INDEX permits_request_key");
     st.raw("ALTER TABLE permits DROP COLUMN request_key");
+    st.raw("CREATE INDEX permits_lease ON permits (lease_id, state)");
     if let Store::Postgres { .. } = st {
         st.raw(
             "DROP FUNCTION lethe_gate_batch(BIGINT[], TEXT[], TEXT[], BIGINT, BIGINT[], TEXT[]); \
@@ -241,6 +244,19 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
         st.count(key_column),
         1,
         "the permits table has no request key"
+    );
+    let state_index = match st {
+        Store::Sqlite(_) => {
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'permits_lease'"
+        }
+        Store::Postgres { .. } => {
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'permits_lease'"
+        }
+    };
+    assert_eq!(
+        st.count(state_index),
+        0,
+        "the index on state (no in-place release) was kept"
     );
     if let Store::Postgres { .. } = st {
         assert_eq!(
@@ -528,6 +544,38 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze(st:
     assert_eq!(j.undrained(&a).unwrap(), 1);
     j.release_permit(after.id).unwrap();
     assert_eq!(j.undrained(&a).unwrap(), 0);
+}
+
+/// Eight sendings of one take (a client's retry arriving while the first is still at the gate),
+/// on eight connections at once: one permit, and every sending answers with it.
+fn sendings_of_one_keyed_take_racing_register_one_permit(st: Store) {
+    let j = st.open();
+    let l = j
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], Duration::from_secs(60))
+        .unwrap();
+    let start = Arc::new(std::sync::Barrier::new(8));
+    let ids: Vec<i64> = (0..8)
+        .map(|_| {
+            let (j, start) = (st.open(), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                j.take_permit_keyed(NOW, l.id, Sink::Tool, Some("same"))
+                    .unwrap()
+                    .id
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(ids.iter().all(|&id| id == ids[0] && id > 0), "{ids:?}");
+    assert_eq!(
+        st.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {}",
+            l.id
+        )),
+        1
+    );
 }
 
 fn lease_ttl_expiry_is_not_draining(st: Store) {
