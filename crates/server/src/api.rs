@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -123,13 +123,75 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
-    p.map(|Path(t)| t)
-        .map_err(|_| ApiError::bad_request("the id in the path is not a number"))
+    p.map(|Path(t)| t).map_err(|_| {
+        ApiError::bad_request("the id in the path is not valid (a number; a job id for jobs)")
+    })
 }
 
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    b.map(|Json(t)| t)
+fn body<T>(b: Result<Object<T>, ApiError>) -> Result<T, ApiError> {
+    b.map(|Object(t)| t)
+}
+
+/// A request body that is one JSON object. As axum's `Json` (a JSON content type), but every
+/// refusal has the API's shape, with any quoted value redacted, and an array is refused: serde
+/// reads a struct from an array of its fields in order, which no client means.
+struct Object<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Object<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        let json = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|v| v.trim().to_ascii_lowercase())
+            .is_some_and(|v| v == "application/json" || v.ends_with("+json"));
+        if !json {
+            return Err(ApiError::bad_request(
+                "the body must be JSON, sent with Content-Type: application/json",
+            ));
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    "the body is over the 2 MiB a request may carry",
+                ),
+                _ => ApiError::bad_request("the body could not be read"),
+            })?;
+        parse_object(&bytes).map(Object)
+    }
+}
+
+/// One JSON object, into `T`.
+fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    // axum's parse: its messages name the field at fault (`tenant: invalid type ...`).
+    Json::from_bytes(bytes)
+        .map(|Json(t)| t)
         .map_err(|e| ApiError::bad_request(lethe_core::redact_quoted(&e.body_text())))
+}
+
+/// An engine's message in the API's words: the CLI's flags are the request's fields here.
+fn api_words(message: &str) -> String {
+    [
+        ("--extension-reason", "extension_reason"),
+        ("--deadline", "deadline"),
+        ("--ticket", "ticket"),
+        ("--version", "version"),
+        ("--reinventory", "reinventory"),
+        ("--drain-timeout", "drain_timeout_s"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (flag, field)| {
+        m.replace(flag, field)
+    })
 }
 
 /// Runs a gate call on a pooled connection, off the async threads.
@@ -167,7 +229,7 @@ const MAX_TTL_MS: u64 = 24 * 3600 * 1000;
 async fn take_lease(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    b: Result<Json<LeaseJson>, JsonRejection>,
+    b: Result<Object<LeaseJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
     let b = body(b)?;
@@ -240,7 +302,7 @@ async fn renew_lease(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     lease_id: Result<Path<i64>, PathRejection>,
-    b: Result<Json<RenewJson>, JsonRejection>,
+    b: Result<Object<RenewJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
     let lease_id = path(lease_id)?;
@@ -278,7 +340,7 @@ const MAX_KEY_LEN: usize = 80;
 async fn take_permit(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    b: Result<Json<PermitJson>, JsonRejection>,
+    b: Result<Object<PermitJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
     let b = body(b)?;
@@ -469,7 +531,7 @@ fn scope_of(b: &JobJson) -> Result<Scope, ApiError> {
 
 fn engine_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::Input(m) => ApiError::bad_request(m),
+        EngineError::Input(m) => ApiError::bad_request(api_words(&m)),
         EngineError::Held { .. } => ApiError::new(StatusCode::CONFLICT, "held", e.to_string()),
         EngineError::Claimed(_) => ApiError::new(StatusCode::CONFLICT, "claimed", e.to_string()),
         EngineError::Journal(j) => j.into(),
@@ -483,7 +545,7 @@ fn engine_error(e: EngineError) -> ApiError {
 async fn create_job(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    b: Result<Json<JobJson>, JsonRejection>,
+    b: Result<Object<JobJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Operator)?;
     let b = body(b)?;
@@ -582,15 +644,16 @@ async fn resume_job(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     job_id: Result<Path<String>, PathRejection>,
-    b: axum::body::Bytes,
+    b: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Operator)?;
     let job_id = path(job_id)?;
     // The body is optional: parsed here, so its errors have the API's shape and redaction.
+    let b = b.map_err(|_| ApiError::bad_request("the body could not be read"))?;
     let b: ResumeJson = if b.iter().all(u8::is_ascii_whitespace) {
         ResumeJson::default()
     } else {
-        body(Json::from_bytes(&b))?
+        parse_object(&b)?
     };
     let opts = RunOptions {
         drain_timeout: drain_timeout(b.drain_timeout_s)?,
@@ -615,9 +678,10 @@ async fn resume_job(
 async fn job(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    Path(job_id): Path<String>,
+    job_id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &headers, Role::Operator)?;
+    let job_id = path(job_id)?;
     let engine = Arc::clone(&state.engine);
     let out = tokio::task::spawn_blocking(move || engine.outcome(&job_id))
         .await

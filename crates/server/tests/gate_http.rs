@@ -424,6 +424,7 @@ both!(
     the_server_sweeps_expired_leases_and_ended_permits,
     permits_of_many_scopes_while_three_freeze_at_once,
     a_held_job_is_refused_at_once_over_http,
+    every_refusal_of_a_malformed_request_has_the_api_shape,
 );
 
 /// PostgreSQL ends the server's connections (a restart, a failover, an administrator): the
@@ -594,6 +595,105 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
     // A wrong method has the API's error shape too.
     let e = rt.call("GET", "/v1/permits", None).unwrap_err();
     assert_eq!(code(e), "method_not_allowed");
+}
+
+/// Sends one raw request; returns the status and the body of the answer.
+fn raw(addr: &str, head: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = c.write_all(head.as_bytes());
+    let _ = c.write_all(body);
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A malformed request is refused with the API's JSON error, like any other: a JSON array in
+/// place of the object (serde would read it as the fields in order), a body over the limit, a
+/// job id that is not UTF-8, a body without a JSON content type. An engine's refusal names the
+/// request's fields, not the CLI's flags.
+fn every_refusal_of_a_malformed_request_has_the_api_shape(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let lease = env
+        .runtime()
+        .take_lease("acme", "bob", &[], 60_000)
+        .unwrap();
+    let post = |path: &str, token: &str, ctype: &str, body: &[u8]| {
+        raw(
+            &env.addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            ),
+            body,
+        )
+    };
+    let api = |(status, body): (u16, String)| -> (u16, String) {
+        let v: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|_| panic!("not the API's shape: {status} {body:?}"));
+        (status, v["error"].as_str().unwrap_or("").to_string())
+    };
+    // Every field, in order: what serde would take for the object.
+    let array = format!("[{}, \"tool\", null, null]", lease.lease_id);
+    assert_eq!(
+        api(post(
+            "/v1/permits",
+            RUNTIME,
+            "application/json",
+            array.as_bytes()
+        )),
+        (400, "bad_request".into()),
+        "an array taken for the object"
+    );
+    assert_eq!(env.permits_of(lease.lease_id), 0);
+    let big = format!("{{\"tenant\": \"{}\"}}", "a".repeat(3 << 20));
+    assert_eq!(
+        api(post(
+            "/v1/leases",
+            RUNTIME,
+            "application/json",
+            big.as_bytes()
+        )),
+        (413, "too_large".into())
+    );
+    assert_eq!(
+        api(post("/v1/leases", RUNTIME, "text/plain", b"{}")),
+        (400, "bad_request".into())
+    );
+    assert_eq!(
+        api(raw(
+            &env.addr,
+            &format!(
+                "GET /v1/jobs/%FF%FE HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {OPERATOR}\r\n\
+                 Connection: close\r\n\r\n"
+            ),
+            b""
+        )),
+        (400, "bad_request".into())
+    );
+    let far = (time::OffsetDateTime::now_utc() + time::Duration::days(80)).date();
+    let e = env
+        .operator()
+        .create_job(
+            &json!({"tenant": "acme", "subject": "bob", "basis": "gdpr-art17",
+            "ticket": "T-1", "deadline": far.to_string()}),
+        )
+        .unwrap_err();
+    let m = e.to_string();
+    assert_eq!(code(e), "bad_request", "{m}");
+    assert!(m.contains("extension_reason") && !m.contains("--"), "{m}");
 }
 
 /// Jobs over HTTP answer as the CLI does: a legal hold is 409 `held` at once (the CLI's exit
