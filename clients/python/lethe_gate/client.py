@@ -27,7 +27,17 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .errors import GateError, Refused, Revoked, StaleEpoch, Tombstoned, Unavailable, error_for
+from .errors import (
+    GateError,
+    NoSuchLease,
+    NoSuchPermit,
+    Refused,
+    Revoked,
+    StaleEpoch,
+    Tombstoned,
+    Unavailable,
+    error_for,
+)
 from .sse import SseParser
 
 log = logging.getLogger("lethe_gate")
@@ -72,6 +82,10 @@ class GateClient:
         self._timeout = timeout
         self._local = threading.local()
         self._conns_lock = threading.Lock()
+        # The key each permit's take carried, which ending it shows: a keyed permit is ended
+        # only by its holder (another run naming its id gets NoSuchPermit). Kept until it ends.
+        self._permit_keys: dict[int, str] = {}
+        self._keys_lock = threading.Lock()
         # Every open connection and the thread it belongs to: a thread that ended cannot close
         # its own, so each new connection first closes those of ended threads (LangGraph runs
         # nodes on short-lived executor threads: about six a run).
@@ -130,9 +144,13 @@ class GateClient:
             raise ValueError(f"sink must be one of {', '.join(SINKS)}")
         # A key of its own: if the answer is lost, the take goes once more with it and gets the
         # permit the first sending registered, which can then be released.
-        body = {"lease_id": lease_id, "sink": sink, "key": secrets.token_hex(16)}
+        key = secrets.token_hex(16)
+        body = {"lease_id": lease_id, "sink": sink, "key": key}
         r = self._call("POST", "/v1/permits", body, expect=(200, 201), resend=True)
-        return int(r["permit_id"])
+        permit_id = int(r["permit_id"])
+        with self._keys_lock:
+            self._permit_keys[permit_id] = key
+        return permit_id
 
     def take_permit_releasing(self, lease_id: int, sink: str, previous: int) -> tuple[int, bool]:
         """Takes a permit and releases ``previous``, whose boundary ended, in one round trip.
@@ -146,17 +164,46 @@ class GateClient:
         """
         if sink not in SINKS:
             raise ValueError(f"sink must be one of {', '.join(SINKS)}")
-        body = {"lease_id": lease_id, "sink": sink, "release": int(previous), "key": secrets.token_hex(16)}
-        r = self._call("POST", "/v1/permits", body, expect=(200, 201), resend=True)
-        return int(r["permit_id"]), bool(r["released"])
+        previous = int(previous)
+        key = secrets.token_hex(16)
+        body: dict[str, Any] = {"lease_id": lease_id, "sink": sink, "release": previous, "key": key}
+        with self._keys_lock:
+            release_key = self._permit_keys.get(previous)
+        if release_key is not None:
+            body["release_key"] = release_key
+        try:
+            r = self._call("POST", "/v1/permits", body, expect=(200, 201), resend=True)
+        except (Refused, NoSuchLease):
+            self._forget(previous)  # released whatever the take's answer
+            raise
+        self._forget(previous)
+        permit_id = int(r["permit_id"])
+        with self._keys_lock:
+            self._permit_keys[permit_id] = key
+        return permit_id, bool(r["released"])
 
     def release_permit(self, permit_id: int) -> None:
         """The boundary ended normally."""
-        self._call("DELETE", f"/v1/permits/{int(permit_id)}", expect=(200, 204))
+        self._end(int(permit_id), "")
 
     def confirm_cancelled(self, permit_id: int) -> None:
         """The holder aborted the work the permit covered. Counts as drained."""
-        self._call("POST", f"/v1/permits/{int(permit_id)}/cancelled", expect=(200, 204))
+        self._end(int(permit_id), "/cancelled")
+
+    def _end(self, permit_id: int, suffix: str) -> None:
+        with self._keys_lock:
+            key = self._permit_keys.get(permit_id)
+        query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
+        try:
+            self._call("POST" if suffix else "DELETE", f"/v1/permits/{permit_id}{suffix}{query}", expect=(200, 204))
+        except NoSuchPermit:
+            self._forget(permit_id)
+            raise
+        self._forget(permit_id)
+
+    def _forget(self, permit_id: int) -> None:
+        with self._keys_lock:
+            self._permit_keys.pop(permit_id, None)
 
     def is_revoked(self, lease_id: int) -> bool:
         """Asks the gate whether a lease was revoked (one request; the stream is the fast path)."""

@@ -53,6 +53,22 @@ class GateTest(unittest.TestCase):
         self.assertFalse(lease.refresh())
         self.assertFalse(lease.revoked.is_set())
 
+    def test_only_the_holder_ends_its_permit(self):
+        """Another client (another run, a stale id) naming the permit gets NoSuchPermit: a
+        keyed permit ends only with the key its take carried, which only its holder knows."""
+        s = subject()
+        lease = self.rt.take_lease("acme", s, ttl_ms=60_000)
+        pid = self.rt.take_permit(lease.lease_id, "tool")
+        other = self.server.client(watch=False)
+        self.addCleanup(other.close)
+        with self.assertRaises(NoSuchPermit):
+            other.release_permit(pid)
+        with self.assertRaises(NoSuchPermit):
+            other.confirm_cancelled(pid)
+        self.rt.release_permit(pid)
+        with self.assertRaises(NoSuchPermit):
+            self.rt.release_permit(pid)
+
     def test_errors_are_typed_and_hold_no_identifier(self):
         s = subject()
         with lethe_gate.GateClient(self.server.url, "not-a-token", watch=False) as bad:

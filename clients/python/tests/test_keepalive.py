@@ -54,14 +54,17 @@ class KeepAliveTest(unittest.TestCase):
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            self.assertEqual(read_request(f)[0], "POST /v1/permits HTTP/1.1")
+            line, body = read_request(f)
+            self.assertEqual(line, "POST /v1/permits HTTP/1.1")
+            key = json.loads(body)["key"]
             answer(one, '{"permit_id": 1}')
             one.shutdown(socket.SHUT_RDWR)
         closed.set()
         self.listener.settimeout(10)
         two, _ = self.listener.accept()
         with two, two.makefile("rb") as f:
-            self.assertEqual(read_request(f)[0], "DELETE /v1/permits/1 HTTP/1.1")
+            # The release shows the key its take carried.
+            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/1?key={key} HTTP/1.1")
             answer(two, "", "204 No Content")
             t.join(10)
         self.assertEqual(results, [1, None])
@@ -80,9 +83,11 @@ class KeepAliveTest(unittest.TestCase):
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            self.assertEqual(read_request(f)[0], "POST /v1/permits HTTP/1.1")
+            line, body = read_request(f)
+            self.assertEqual(line, "POST /v1/permits HTTP/1.1")
             answer(one, '{"permit_id": 1}')
-            self.assertEqual(read_request(f)[0], "DELETE /v1/permits/1 HTTP/1.1")
+            key = json.loads(body)["key"]
+            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/1?key={key} HTTP/1.1")
             one.shutdown(socket.SHUT_RDWR)
         t.join(10)
         self.assertFalse(t.is_alive(), "the client waits on a resent request")

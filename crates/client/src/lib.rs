@@ -90,9 +90,25 @@ pub struct Lease {
     pub expires_ms: i64,
 }
 
-/// A granted permit's id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Permit(pub i64);
+/// A granted permit: its id, and the key its take carried, which ending it shows (a keyed
+/// permit is ended only by its holder: another run naming its id gets `no_such_permit`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permit {
+    /// The gate's id for it.
+    pub id: i64,
+    /// The take's key (`None` for a permit taken without one, by an older client).
+    pub key: Option<String>,
+}
+
+impl Permit {
+    /// The path segment and query that name it for an end: `ID` or `ID?key=KEY`.
+    fn target(&self) -> String {
+        match &self.key {
+            Some(k) => format!("{}?key={k}", self.id),
+            None => self.id.to_string(),
+        }
+    }
+}
 
 /// A connection to the gate. Requests on one client are serialized; give each worker thread
 /// its own client.
@@ -138,11 +154,12 @@ impl Client {
 
     /// Takes a permit at an acceptance point: one atomic check-and-register at the gate.
     pub fn take_permit(&self, lease_id: i64, sink: Sink) -> Result<Permit> {
-        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "key": take_key()?});
+        let key = take_key()?;
+        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "key": key});
         let v = self.send("POST", "/v1/permits", Some(&body), true)?;
         v.get("permit_id")
             .and_then(Value::as_i64)
-            .map(Permit)
+            .map(|id| Permit { id, key: Some(key) })
             .ok_or_else(|| Error::Protocol("no permit_id".into()))
     }
 
@@ -158,16 +175,17 @@ impl Client {
         &self,
         lease_id: i64,
         sink: Sink,
-        previous: Permit,
+        previous: &Permit,
     ) -> Result<(Permit, bool)> {
-        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "release": previous.0,
-            "key": take_key()?});
+        let key = take_key()?;
+        let body = json!({"lease_id": lease_id, "sink": sink.as_str(), "release": previous.id,
+            "release_key": previous.key, "key": key});
         let v = self.send("POST", "/v1/permits", Some(&body), true)?;
         match (
             v.get("permit_id").and_then(Value::as_i64),
             v.get("released").and_then(Value::as_bool),
         ) {
-            (Some(id), Some(released)) => Ok((Permit(id), released)),
+            (Some(id), Some(released)) => Ok((Permit { id, key: Some(key) }, released)),
             _ => Err(Error::Protocol("no permit_id or released".into())),
         }
     }
@@ -191,13 +209,17 @@ impl Client {
 
     /// The boundary ended normally.
     pub fn release_permit(&self, permit: Permit) -> Result<()> {
-        self.call("DELETE", &format!("/v1/permits/{}", permit.0), None)
+        self.call("DELETE", &format!("/v1/permits/{}", permit.target()), None)
             .map(drop)
     }
 
     /// The run aborted the work the permit covered (after a revocation).
     pub fn confirm_cancelled(&self, permit: Permit) -> Result<()> {
-        self.call("POST", &format!("/v1/permits/{}/cancelled", permit.0), None)
+        let (id, query) = match &permit.key {
+            Some(k) => (permit.id, format!("?key={k}")),
+            None => (permit.id, String::new()),
+        };
+        self.call("POST", &format!("/v1/permits/{id}/cancelled{query}"), None)
             .map(drop)
     }
 
@@ -556,18 +578,24 @@ mod tests {
         let (done_tx, done_rx) = mpsc::channel();
         let (closed_tx, closed_rx) = mpsc::channel::<()>();
         let runner = std::thread::spawn(move || {
-            let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            let first = client.take_permit(7, Sink::Tool).unwrap();
             closed_rx.recv().unwrap();
-            let second = client.release_permit(Permit(1));
-            done_tx.send((first, second)).unwrap();
+            let second = client.release_permit(first.clone());
+            done_tx.send((Ok::<_, Error>(first.id), second)).unwrap();
         });
         let mut one = BufReader::new(listener.accept().unwrap().0);
-        assert_eq!(read_request(&mut one).0, "POST /v1/permits HTTP/1.1");
+        let (line, body) = read_request(&mut one);
+        assert_eq!(line, "POST /v1/permits HTTP/1.1");
+        let key = key_of(&body);
         answer(&mut one, "201 Created", r#"{"permit_id": 1}"#);
         cut(one);
         closed_tx.send(()).unwrap();
         let mut two = BufReader::new(listener.accept().unwrap().0);
-        assert_eq!(read_request(&mut two).0, "DELETE /v1/permits/1 HTTP/1.1");
+        // The release shows the key its take carried.
+        assert_eq!(
+            read_request(&mut two).0,
+            format!("DELETE /v1/permits/1?key={key} HTTP/1.1")
+        );
         answer(&mut two, "204 No Content", "");
         let (first, second) = done_rx.recv().unwrap();
         assert_eq!(first.unwrap(), 1);
@@ -584,8 +612,8 @@ mod tests {
         let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
         let (done_tx, done_rx) = mpsc::channel();
         let runner = std::thread::spawn(move || {
-            let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
-            let second = client.release_permit(Permit(1));
+            let first = client.take_permit(7, Sink::Tool).map(|p| p.id);
+            let second = client.release_permit(Permit { id: 1, key: None });
             done_tx.send((first, second)).unwrap();
         });
         let mut one = BufReader::new(listener.accept().unwrap().0);
@@ -613,8 +641,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
         let runner = std::thread::spawn(move || {
-            let first = client.take_permit(7, Sink::Tool).map(|p| p.0);
-            let second = client.take_permit(7, Sink::Tool).map(|p| p.0);
+            let first = client.take_permit(7, Sink::Tool).map(|p| p.id);
+            let second = client.take_permit(7, Sink::Tool).map(|p| p.id);
             (first, second)
         });
         let mut one = BufReader::new(listener.accept().unwrap().0);

@@ -69,16 +69,17 @@ pub mod pg {
     /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT, request_key TEXT or NULL) -> permit id or
     /// refusal code`: a batch of one.
     pub const TAKE_PERMIT: &str =
-        "SELECT (lethe_gate_batch(ARRAY[$1::BIGINT], ARRAY[$2::TEXT], ARRAY[$4::TEXT], $3, '{}', '{}'))[1]";
+        "SELECT (lethe_gate_batch(ARRAY[$1::BIGINT], ARRAY[$2::TEXT], ARRAY[$4::TEXT], $3, '{}', '{}', '{}'))[1]";
     /// `(lease_ids BIGINT[], sinks TEXT[], request_keys TEXT[] (NULL for none), now_ms BIGINT,
-    /// ended_permit_ids BIGINT[], states TEXT[]) -> BIGINT[]`: permits taken and ended in one
-    /// transaction (`lethe serve` batches
-    /// the requests that arrive while its connection is busy): for each take in order its
-    /// permit id or refusal code, then for each end 1, or 0 if the permit was not active.
-    pub const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6)";
+    /// ended_permit_ids BIGINT[], states TEXT[], their request_keys TEXT[]) -> BIGINT[]`:
+    /// permits taken and ended in one transaction (`lethe serve` batches the requests that
+    /// arrive while its connection is busy): for each take in order its permit id or refusal
+    /// code, then for each end 1, or 0 if the permit was not active (or its key not given).
+    pub const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6, $7)";
 
-    /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled') -> 1, or 0 if not active`.
-    pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2)";
+    /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled', request_key TEXT or NULL) -> 1,
+    /// or 0 if not active, or keyed with another key`.
+    pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2, $3)";
     /// `(tenant, subject, expires_ms BIGINT, reads JSON [[memory, version], ...])` ->
     /// `(lease_id, epoch, tenant_epoch)`, lease_id -5 when fenced.
     pub const TAKE_LEASE: &str =
@@ -329,12 +330,12 @@ impl Journal {
         })
     }
 
-    fn end_permit(&self, permit: i64, state: &'static str) -> Result<()> {
+    fn end_permit(&self, permit: i64, state: &'static str, key: Option<&str>) -> Result<()> {
         // One statement: no lock beyond the row's. A freeze racing it records the permit in
         // its drain set either way; only an `active` permit counts as undrained. Committed
         // without waiting for the WAL flush (see schema.rs): losing it can only keep a job
         // BLOCKED.
-        if let Some(rows) = self.pg_query(pg::END_PERMIT, &[&permit, &state])? {
+        if let Some(rows) = self.pg_query(pg::END_PERMIT, &[&permit, &state, &key])? {
             let n: i64 = rows.first().map(|r| r.get(0)).unwrap_or(0);
             return if n == 0 {
                 Err(GateError::NoSuchPermit.into())
@@ -345,8 +346,9 @@ impl Journal {
         self.write(|tx| {
             let n = tx
                 .exec(
-                    "UPDATE permits SET state = $2 WHERE permit_id = $1 AND state = 'active'",
-                    &[V::I(permit), state.into()],
+                    "UPDATE permits SET state = $2
+                      WHERE permit_id = $1 AND state = 'active' AND (request_key IS NULL OR request_key = $3)",
+                    &[V::I(permit), state.into(), key.into()],
                 )
                 .map_err(db)?;
             if n == 0 {
@@ -356,15 +358,30 @@ impl Journal {
         })
     }
 
-    /// The boundary ended normally.
+    /// The boundary ended normally. A permit taken with a key ends only with it
+    /// ([`Journal::release_permit_keyed`]).
     pub fn release_permit(&self, permit: i64) -> Result<()> {
-        self.end_permit(permit, "released")
+        self.end_permit(permit, "released", None)
     }
 
     /// The holder confirms it aborted the work the permit covered (stream aborted, buffered
     /// tokens discarded, undispatched tools revoked).
     pub fn confirm_cancelled(&self, permit: i64) -> Result<()> {
-        self.end_permit(permit, "cancelled")
+        self.end_permit(permit, "cancelled", None)
+    }
+
+    /// [`Journal::release_permit`] showing the key the permit's take carried: a keyed permit
+    /// is ended only by its holder, so a runtime that names another run's permit (a stale id,
+    /// a bug) gets [`GateError::NoSuchPermit`] instead of marking it drained while that run is
+    /// still inside its boundary.
+    pub fn release_permit_keyed(&self, permit: i64, key: Option<&str>) -> Result<()> {
+        self.end_permit(permit, "released", key)
+    }
+
+    /// [`Journal::confirm_cancelled`] showing the take's key (see
+    /// [`Journal::release_permit_keyed`]).
+    pub fn confirm_cancelled_keyed(&self, permit: i64, key: Option<&str>) -> Result<()> {
+        self.end_permit(permit, "cancelled", key)
     }
 
     /// Extends a lease's TTL to at least `now + ttl`, for a run still working: returns its new

@@ -7,7 +7,8 @@ use crate::db::{Tx, V};
 
 /// 3: on PostgreSQL, frozen locators in `inventory_parts`; a Lethe of version 2 would find a
 /// job frozen by version 3 without locators. 4: a permit's `request_key` (a take sent again
-/// returns the permit its first sending registered), and `lethe_gate_batch` takes the keys.
+/// returns the permit its first sending registered; a keyed permit ends only with its key),
+/// and `lethe_gate_batch` and `lethe_end_permit` take the keys.
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
 const VERSION: i64 = 4;
 
@@ -193,7 +194,7 @@ END $f$"#,
     // after its answer was lost, and its permit was issued (and, if a freeze came since, is in
     // its drain set). The unique index makes two sendings racing one permit: the second's
     // insert finds the first's row and returns it.
-    r#"CREATE OR REPLACE FUNCTION lethe_gate_batch(p_leases BIGINT[], p_sinks TEXT[], p_keys TEXT[], p_now BIGINT, p_ends BIGINT[], p_end_states TEXT[])
+    r#"CREATE OR REPLACE FUNCTION lethe_gate_batch(p_leases BIGINT[], p_sinks TEXT[], p_keys TEXT[], p_now BIGINT, p_ends BIGINT[], p_end_states TEXT[], p_end_keys TEXT[])
 RETURNS BIGINT[] LANGUAGE plpgsql AS $f$
 #variable_conflict use_column
 DECLARE
@@ -252,7 +253,8 @@ BEGIN
         ids := ids || id;
     END LOOP;
     FOR n IN 1 .. COALESCE(array_length(p_ends, 1), 0) LOOP
-        UPDATE permits SET state = p_end_states[n] WHERE permit_id = p_ends[n] AND state = 'active';
+        UPDATE permits SET state = p_end_states[n]
+         WHERE permit_id = p_ends[n] AND state = 'active' AND (request_key IS NULL OR request_key = p_end_keys[n]);
         GET DIAGNOSTICS changed = ROW_COUNT;
         ids := ids || changed;
     END LOOP;
@@ -262,13 +264,14 @@ END $f$"#,
     // active. Its commit does not wait for the WAL flush: losing it in a server crash leaves
     // the permit active, which keeps a job BLOCKED (safe), and the next synchronous commit (a
     // freeze) flushes it anyway.
-    r#"CREATE OR REPLACE FUNCTION lethe_end_permit(p_permit BIGINT, p_state TEXT)
+    r#"CREATE OR REPLACE FUNCTION lethe_end_permit(p_permit BIGINT, p_state TEXT, p_key TEXT)
 RETURNS BIGINT LANGUAGE plpgsql AS $f$
 DECLARE
     n BIGINT;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
-    UPDATE permits SET state = p_state WHERE permit_id = p_permit AND state = 'active';
+    UPDATE permits SET state = p_state
+     WHERE permit_id = p_permit AND state = 'active' AND (request_key IS NULL OR request_key = p_key);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $f$"#,
@@ -431,10 +434,13 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
                 &[],
             )?;
             // Version 3's, without the keys: replaced, not overloaded.
-            tx.exec(
-                "DROP FUNCTION IF EXISTS lethe_gate_batch(BIGINT[], TEXT[], BIGINT, BIGINT[], TEXT[])",
-                &[],
-            )?;
+            for old in [
+                "lethe_gate_batch(BIGINT[], TEXT[], BIGINT, BIGINT[], TEXT[])",
+                "lethe_gate_batch(BIGINT[], TEXT[], TEXT[], BIGINT, BIGINT[], TEXT[])",
+                "lethe_end_permit(BIGINT, TEXT)",
+            ] {
+                tx.exec(&format!("DROP FUNCTION IF EXISTS {old}"), &[])?;
+            }
         }
     }
     // One index by lease, unique with the key (NULLs are distinct: unkeyed permits pass). It

@@ -208,7 +208,7 @@ fn main() {
                 },
                 |(c, lease, held)| {
                     let (p, released) = c
-                        .take_permit_releasing(*lease, lethe_client::Sink::State, *held)
+                        .take_permit_releasing(*lease, lethe_client::Sink::State, held)
                         .unwrap();
                     assert!(released, "the permit of the cycle before was active");
                     *held = p;

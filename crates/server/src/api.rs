@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -331,7 +331,34 @@ struct PermitJson {
     release: Option<i64>,
     /// The client's name for this take, unique within the lease: sent again after a lost
     /// answer, it returns the permit the first sending registered (`Journal::take_permit_keyed`).
+    /// The permit then ends only with this key.
     key: Option<String>,
+    /// The key `release`'s own take carried.
+    release_key: Option<String>,
+}
+
+/// `?key=`: the key a permit's take carried, which ending it must show.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyQuery {
+    key: Option<String>,
+}
+
+/// Checks a permit key's form (`key`, `release_key`, `?key=`).
+fn check_key(key: Option<&str>, field: &str) -> Result<(), ApiError> {
+    let ok = key.is_none_or(|k| {
+        !k.is_empty()
+            && k.len() <= MAX_KEY_LEN
+            && k.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "{field} must be 1 to 80 characters of A-Z, a-z, 0-9, '-', '_' and '.'"
+        )))
+    }
 }
 
 /// The longest permit key: room for a UUID or 32 random bytes in hex, with a prefix.
@@ -353,17 +380,8 @@ async fn take_permit(
     if b.release.is_some_and(|p| p < 1) {
         return Err(ApiError::bad_request("release must be a permit id"));
     }
-    if let Some(k) = &b.key {
-        let ok = !k.is_empty()
-            && k.len() <= MAX_KEY_LEN
-            && k.bytes()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
-        if !ok {
-            return Err(ApiError::bad_request(
-                "key must be 1 to 80 characters of A-Z, a-z, 0-9, '-', '_' and '.'",
-            ));
-        }
-    }
+    check_key(b.key.as_deref(), "key")?;
+    check_key(b.release_key.as_deref(), "release_key")?;
     let clock = Arc::clone(&state.clock);
     let hook = state.hooks.before_permit.clone();
     let (permit, released) = match &state.pg {
@@ -378,7 +396,7 @@ async fn take_permit(
                 (now.unix_timestamp_nanos() / 1_000_000) as i64,
                 b.lease_id,
                 sink,
-                b.release,
+                b.release.map(|p| (p, b.release_key)),
                 b.key,
             )
             .await?
@@ -386,7 +404,10 @@ async fn take_permit(
         None => {
             gate(&state, move |j| {
                 // The release first and whatever the take's answer: its boundary has ended.
-                let released = match b.release.map(|p| j.release_permit(p)) {
+                let released = match b
+                    .release
+                    .map(|p| j.release_permit_keyed(p, b.release_key.as_deref()))
+                {
                     None => None,
                     Some(Ok(())) => Some(true),
                     Some(Err(lethe_journal::JournalError::Gate(GateError::NoSuchPermit))) => {
@@ -422,15 +443,29 @@ async fn end_permit(
     state: &State,
     headers: &HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
+    key: Result<Query<KeyQuery>, QueryRejection>,
     end: End,
 ) -> Result<StatusCode, ApiError> {
     authorize(state, headers, Role::Runtime)?;
     let permit_id = path(permit_id)?;
+    let Query(KeyQuery { key }) =
+        key.map_err(|_| ApiError::bad_request("the only query parameter is key"))?;
+    check_key(key.as_deref(), "key")?;
     match (&state.pg, end) {
-        (Some(pg), End::Released) => pg.end_permit(permit_id, "released").await?,
-        (Some(pg), End::Cancelled) => pg.end_permit(permit_id, "cancelled").await?,
-        (None, End::Released) => gate(state, move |j| j.release_permit(permit_id)).await?,
-        (None, End::Cancelled) => gate(state, move |j| j.confirm_cancelled(permit_id)).await?,
+        (Some(pg), End::Released) => pg.end_permit(permit_id, "released", key).await?,
+        (Some(pg), End::Cancelled) => pg.end_permit(permit_id, "cancelled", key).await?,
+        (None, End::Released) => {
+            gate(state, move |j| {
+                j.release_permit_keyed(permit_id, key.as_deref())
+            })
+            .await?
+        }
+        (None, End::Cancelled) => {
+            gate(state, move |j| {
+                j.confirm_cancelled_keyed(permit_id, key.as_deref())
+            })
+            .await?
+        }
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -439,16 +474,18 @@ async fn release_permit(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
+    key: Result<Query<KeyQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
-    end_permit(&state, &headers, permit_id, End::Released).await
+    end_permit(&state, &headers, permit_id, key, End::Released).await
 }
 
 async fn confirm_cancelled(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
+    key: Result<Query<KeyQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
-    end_permit(&state, &headers, permit_id, End::Cancelled).await
+    end_permit(&state, &headers, permit_id, key, End::Cancelled).await
 }
 
 #[derive(Deserialize)]

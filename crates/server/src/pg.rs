@@ -62,14 +62,16 @@ enum Op {
         lease: i64,
         sink: Sink,
         now_ms: i64,
-        /// Released in the same transaction, whatever the take's answer.
-        release: Option<i64>,
+        /// Released in the same transaction, whatever the take's answer, with its take's key.
+        release: Option<(i64, Option<String>)>,
         /// The client's name for this take (`Journal::take_permit_keyed`).
         key: Option<String>,
     },
     End {
         permit: i64,
         state: &'static str,
+        /// The key the permit's take carried.
+        key: Option<String>,
     },
 }
 
@@ -219,21 +221,28 @@ async fn run_batch(
             now = now.max(now_ms);
         }
     }
-    let (mut permits, mut states) = (Vec::new(), Vec::new());
+    let (mut permits, mut states, mut end_keys) = (Vec::new(), Vec::new(), Vec::new());
     for w in ends {
-        if let Op::End { permit, state } = w.op {
+        if let Op::End {
+            permit,
+            state,
+            ref key,
+        } = w.op
+        {
             permits.push(permit);
             states.push(state);
+            end_keys.push(key.as_deref());
         }
     }
     for w in takes {
         if let Op::Take {
-            release: Some(permit),
+            release: Some((permit, ref key)),
             ..
         } = w.op
         {
             permits.push(permit);
             states.push("released");
+            end_keys.push(key.as_deref());
         }
     }
     let c = slots.conn(&slots.batch).await?;
@@ -241,7 +250,7 @@ async fn run_batch(
         .client
         .query_one(
             &c.gate_batch,
-            &[&leases, &sinks, &keys, &now, &permits, &states],
+            &[&leases, &sinks, &keys, &now, &permits, &states, &end_keys],
         )
         .await
         .map_err(failed)?;
@@ -279,7 +288,7 @@ impl PgGate {
         now_ms: i64,
         lease: i64,
         sink: Sink,
-        release: Option<i64>,
+        release: Option<(i64, Option<String>)>,
         key: Option<String>,
     ) -> Result<(Permit, Option<bool>), ApiError> {
         let (id, released) = self
@@ -294,13 +303,14 @@ impl PgGate {
         Ok((Permit { id }, released))
     }
 
-    /// `state`: "released" or "cancelled".
+    /// `state`: "released" or "cancelled"; `key`: the one the permit's take carried.
     pub(crate) async fn end_permit(
         &self,
         permit: i64,
         state: &'static str,
+        key: Option<String>,
     ) -> Result<(), ApiError> {
-        self.submit(Op::End { permit, state }).await?;
+        self.submit(Op::End { permit, state, key }).await?;
         Ok(())
     }
 

@@ -310,7 +310,7 @@ impl PermitWorkers {
                     let mut held = None;
                     while !stop.load(SeqCst) {
                         let taken = match held.take() {
-                            Some(prev) => c.take_permit_releasing(lease.lease_id, sink, prev).map(
+                            Some(prev) => c.take_permit_releasing(lease.lease_id, sink, &prev).map(
                                 |(p, released)| {
                                     assert!(released, "worker {i}: its permit was still active");
                                     p
@@ -468,7 +468,7 @@ fn postgres_connections_cut_under_the_server_are_reopened() {
         }
     }
     for p in taken.iter().chain([&before]) {
-        rt.release_permit(*p).unwrap();
+        rt.release_permit(p.clone()).unwrap();
     }
     assert_eq!(env.permits_of(lease.lease_id), 4);
     assert_eq!(
@@ -494,7 +494,7 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
         .take_lease("acme", "bob", &[("memories/k", "v1")], 60_000)
         .unwrap();
     let p = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
-    rt.release_permit(p).unwrap();
+    rt.release_permit(p.clone()).unwrap();
     assert_eq!(code(rt.release_permit(p).unwrap_err()), "no_such_permit");
     assert_eq!(
         code(rt.take_permit(999_999, Sink::State).unwrap_err()),
@@ -754,33 +754,33 @@ fn a_held_job_is_refused_at_once_over_http(b: Backend) {
 fn a_take_carrying_a_release_ends_that_permit_whatever_the_answer(b: Backend) {
     let env = Env::new(b, Arc::new(SystemClock));
     let rt = env.runtime();
-    let state = |p: Permit| {
+    let state = |p: &Permit| {
         let n = |s: &str| {
             env.count(&format!(
                 "SELECT count(*) FROM permits WHERE permit_id = {} AND state = '{s}'",
-                p.0
+                p.id
             ))
         };
         match (n("active"), n("released")) {
             (1, 0) => "active",
             (0, 1) => "released",
-            other => panic!("permit {} in no single state: {other:?}", p.0),
+            other => panic!("permit {} in no single state: {other:?}", p.id),
         }
     };
     let lease = rt.take_lease("acme", "alice", &[], 600_000).unwrap();
     let p1 = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
     let (p2, released) = rt
-        .take_permit_releasing(lease.lease_id, Sink::State, p1)
+        .take_permit_releasing(lease.lease_id, Sink::State, &p1)
         .unwrap();
     assert!(released);
     assert_ne!(p1, p2);
-    assert_eq!((state(p1), state(p2)), ("released", "active"));
+    assert_eq!((state(&p1), state(&p2)), ("released", "active"));
     // Releasing it again: not active any more, reported; the take is granted all the same.
     let (p3, released) = rt
-        .take_permit_releasing(lease.lease_id, Sink::Tool, p1)
+        .take_permit_releasing(lease.lease_id, Sink::Tool, &p1)
         .unwrap();
     assert!(!released);
-    assert_eq!((state(p2), state(p3)), ("active", "active"));
+    assert_eq!((state(&p2), state(&p3)), ("active", "active"));
     // Malformed: refused before anything runs.
     for bad in [json!(0), json!(-3), json!("7"), json!(1.5)] {
         let e = rt.call(
@@ -799,10 +799,10 @@ fn a_take_carrying_a_release_ends_that_permit_whatever_the_answer(b: Backend) {
     let job = env.erase("alice", 30);
     env.wait_frozen(&job);
     let e = rt
-        .take_permit_releasing(lease.lease_id, Sink::State, p3)
+        .take_permit_releasing(lease.lease_id, Sink::State, &p3)
         .unwrap_err();
     assert_eq!(code(e), "revoked");
-    assert_eq!(state(p3), "released", "released by the refused request");
+    assert_eq!(state(&p3), "released", "released by the refused request");
     assert_eq!(env.permits_of(lease.lease_id), 3, "and no permit taken");
     let v = env.job(&job);
     assert!(
@@ -1397,7 +1397,30 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains(b: Bac
         assert_eq!(code(e), "bad_request", "{bad:?}");
         assert!(bad.is_empty() || !shown.contains(bad), "{shown}");
     }
-    rt.release_permit(Permit(first)).unwrap();
+    // Only its holder ends it: without its key, or with another, a release or a cancellation
+    // naming its id is `no_such_permit` and the job keeps waiting.
+    for query in ["", "?key=run-7.step-4"] {
+        for (method, end) in [("DELETE", ""), ("POST", "/cancelled")] {
+            let e = rt
+                .call(method, &format!("/v1/permits/{first}{end}{query}"), None)
+                .unwrap_err();
+            assert_eq!(code(e), "no_such_permit", "{method} {end}{query}");
+        }
+    }
+    let v = env.job(&job);
+    assert_ne!(v["state"], "COMPLETE", "{v}");
+    assert_eq!(
+        code(
+            rt.call("DELETE", &format!("/v1/permits/{first}?colour=1"), None)
+                .unwrap_err()
+        ),
+        "bad_request"
+    );
+    rt.release_permit(Permit {
+        id: first,
+        key: Some("run-7.step-3".into()),
+    })
+    .unwrap();
     let v = env.wait_job(&job, |v| {
         v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
     });
