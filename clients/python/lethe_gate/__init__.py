@@ -8,6 +8,7 @@ from .client import SINKS, GateClient, Lease, Permit
 from .errors import (
     BadRequest,
     Expired,
+    KeyUsed,
     Fenced,
     Forbidden,
     Held,
@@ -26,6 +27,7 @@ __all__ = [
     "SINKS",
     "BadRequest",
     "Expired",
+    "KeyUsed",
     "Fenced",
     "Forbidden",
     "GateClient",

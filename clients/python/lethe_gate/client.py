@@ -326,11 +326,18 @@ class GateClient:
                     continue
                 raise Unavailable(f"the gate closed the connection ({type(e).__name__})") from e
             except (OSError, http.client.HTTPException) as e:
+                # A timeout or an answer cut short: sent again only if that is safe, as above.
                 self._drop()
+                if attempt == 1 and resend:
+                    continue
                 raise Unavailable(f"cannot reach the gate ({type(e).__name__})") from e
             self._local.used = time.monotonic()
             if resp.will_close:
                 self._drop()
+            # 503: the control store did not answer, maybe after the commit (a keyed take's
+            # permit may be registered): sent again, once, if that is safe.
+            if resp.status == 503 and attempt == 1 and resend:
+                continue
             break
         if resp.status in expect:
             if not raw:

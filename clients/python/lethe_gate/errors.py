@@ -59,6 +59,13 @@ class Expired(Refused):
     code = "expired"
 
 
+class KeyUsed(Refused):
+    """A take's key named another take of the lease (one that ended, or for another sink): a
+    key is one take's (HTTP 409 ``key_used``). The client makes a new key for each take."""
+
+    code = "key_used"
+
+
 class NoSuchLease(GateError):
     """The gate knows no such lease (HTTP 404 ``no_such_lease``)."""
 
@@ -113,6 +120,7 @@ _BY_CODE: dict[str, type[GateError]] = {
         StaleEpoch,
         Tombstoned,
         Expired,
+        KeyUsed,
         NoSuchLease,
         NoSuchPermit,
         Unauthorized,

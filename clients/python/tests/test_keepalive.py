@@ -120,5 +120,44 @@ class KeepAliveTest(unittest.TestCase):
         self.assertEqual(results, [5, 6])
 
 
+    def test_a_keyed_take_goes_again_after_a_timeout_or_a_503_and_a_release_not(self):
+        port = self.listener.getsockname()[1]
+        client = lethe_gate.GateClient(f"http://127.0.0.1:{port}", "t", watch=False, timeout=0.5)
+        self.addCleanup(client.close)
+        results: list = []
+
+        def run() -> None:
+            results.append(client.take_permit(7, "tool"))
+            results.append(client.take_permit(7, "tool"))
+            try:
+                client.release_permit(results[1])
+            except Unavailable as e:
+                results.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        self.listener.settimeout(10)
+        one, _ = self.listener.accept()
+        with one, one.makefile("rb") as f:
+            key = json.loads(read_request(f)[1])["key"]
+            # No answer: the client's 0.5 s timeout passes and it sends the take again.
+            two, _ = self.listener.accept()
+        with two, two.makefile("rb") as f:
+            self.assertEqual(json.loads(read_request(f)[1])["key"], key, "sent again with its key")
+            answer(two, '{"permit_id": 4}')
+            key = json.loads(read_request(f)[1])["key"]
+            answer(two, '{"error": "unavailable", "message": "m"}', "503 Service Unavailable")
+            self.assertEqual(json.loads(read_request(f)[1])["key"], key, "sent again after a 503")
+            answer(two, '{"permit_id": 5}')
+            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/5?key={key} HTTP/1.1")
+            answer(two, '{"error": "unavailable", "message": "m"}', "503 Service Unavailable")
+            t.join(10)
+        self.assertEqual(results[:2], [4, 5])
+        self.assertIsInstance(results[2], Unavailable)
+        self.listener.setblocking(False)
+        with self.assertRaises(BlockingIOError, msg="the release was sent again"):
+            self.listener.accept()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -17,7 +17,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -115,7 +115,8 @@ impl Permit {
 pub struct Client {
     addr: String,
     token: String,
-    conn: Mutex<Option<BufReader<TcpStream>>>,
+    /// The kept-alive connection, and when its last answer came.
+    conn: Mutex<Option<(BufReader<TcpStream>, Instant)>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -291,7 +292,12 @@ impl Client {
         // A kept-alive connection the server has closed meanwhile (its idle timeout, a restart)
         // is found before the request is sent, never after: a request that may have been acted
         // on (a permit registered, a release) is never sent twice.
-        if guard.as_ref().is_some_and(closed_by_peer) {
+        // One idle past half the server's idle timeout is replaced too: the server may be
+        // closing it just as the request leaves, which no look at the socket can see.
+        if guard
+            .as_ref()
+            .is_some_and(|(r, used)| used.elapsed() > IDLE_REUSE || closed_by_peer(r))
+        {
             *guard = None;
         }
         for attempt in 0..2 {
@@ -300,10 +306,17 @@ impl Client {
                 let s = TcpStream::connect(&self.addr)?;
                 s.set_nodelay(true)?;
                 s.set_read_timeout(Some(Duration::from_secs(60)))?;
-                *guard = Some(BufReader::new(s));
+                *guard = Some((BufReader::new(s), Instant::now()));
             }
-            let reader = guard.as_mut().expect("connected above");
-            match roundtrip(reader, &self.addr, &self.token, method, path, &body) {
+            let (reader, used) = guard.as_mut().expect("connected above");
+            let answer = roundtrip(reader, &self.addr, &self.token, method, path, &body);
+            if answer.is_ok() {
+                *used = Instant::now();
+            }
+            match answer {
+                // The control store did not answer, maybe after the commit (a keyed take's
+                // permit may be registered): sent again, once, if that is safe.
+                Ok((503, _)) if attempt == 0 && resend => {}
                 Ok((status, bytes)) => {
                     if status >= 400 {
                         return Err(refusal(status, &bytes));
@@ -328,6 +341,10 @@ impl Client {
         Err(Error::Protocol("unreachable retry".into()))
     }
 }
+
+/// How long a kept-alive connection may sit idle and still be reused: half `lethe serve`'s
+/// idle timeout (60 s).
+const IDLE_REUSE: Duration = Duration::from_secs(30);
 
 /// A random name for one permit take (its `key`): 128 bits, in hex.
 fn take_key() -> Result<String> {
@@ -661,5 +678,45 @@ mod tests {
         answer(&mut two, "201 Created", r#"{"permit_id": 6}"#);
         let (first, second) = runner.join().unwrap();
         assert_eq!((first.unwrap(), second.unwrap()), (5, 6));
+    }
+
+    /// A 503 (the control store did not answer, maybe after the commit) makes a keyed take go
+    /// once more with its key; a release answered 503 is reported, not sent again.
+    #[test]
+    fn a_503_sends_a_keyed_take_again_and_a_release_not() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let runner = std::thread::spawn(move || {
+            let taken = client.take_permit(7, Sink::Tool).unwrap();
+            let released = client.release_permit(taken.clone());
+            (taken, released)
+        });
+        let unavailable =
+            r#"{"error": "unavailable", "message": "the control store did not answer"}"#;
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        let (_, body) = read_request(&mut one);
+        let key = key_of(&body);
+        answer(&mut one, "503 Service Unavailable", unavailable);
+        let (_, body) = read_request(&mut one);
+        assert_eq!(key_of(&body), key, "sent again with its key");
+        answer(&mut one, "201 Created", r#"{"permit_id": 3}"#);
+        let (line, _) = read_request(&mut one);
+        assert!(line.starts_with("DELETE /v1/permits/3?key="), "{line}");
+        answer(&mut one, "503 Service Unavailable", unavailable);
+        let (taken, released) = runner.join().unwrap();
+        assert_eq!(taken.id, 3);
+        assert_eq!(released.unwrap_err().code(), Some("unavailable"));
+        // Nothing more was sent: the connection has no byte waiting (the client, dropped, has
+        // closed it, or it is idle).
+        one.get_ref().set_nonblocking(true).unwrap();
+        let mut rest = [0u8; 1];
+        let more = one.get_mut().read(&mut rest);
+        assert!(
+            matches!(more, Ok(0))
+                || matches!(&more, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the release was sent again: {more:?}"
+        );
+        listener.set_nonblocking(true).unwrap();
+        assert!(listener.accept().is_err(), "or on a new connection");
     }
 }

@@ -44,6 +44,10 @@ pub enum GateError {
     /// No such permit, or it is no longer active.
     #[error("no such active permit")]
     NoSuchPermit,
+    /// A take's key names a permit of the lease that has ended, or was taken for another
+    /// sink: a key is one take's, never reused.
+    #[error("key used: this key named another take of the lease; use a new key for each take")]
+    KeyUsed,
 }
 
 impl GateError {
@@ -57,6 +61,7 @@ impl GateError {
             -4 => Some(GateError::StaleEpoch),
             -5 => Some(GateError::Fenced),
             -6 => Some(GateError::Tombstoned),
+            -7 => Some(GateError::KeyUsed),
             c if c < 0 => Some(GateError::NoSuchLease),
             _ => None,
         }
@@ -254,9 +259,10 @@ impl Journal {
 
     /// [`Journal::take_permit`] with the client's name for this take (`key`, unique within the
     /// lease): a take sent again with the key of one that registered a permit gets that permit
-    /// back, whatever the gate now says (its answer was lost; the permit was issued, and a
-    /// freeze since has it in its drain set). Without this, a runtime whose answer was lost
-    /// could never release the permit, and an erasure would stay BLOCKED on it.
+    /// back while it is active, whatever the gate now says (its answer was lost; the permit was
+    /// issued, and a freeze since has it in its drain set). Without this, a runtime whose
+    /// answer was lost could never release the permit, and an erasure would stay BLOCKED on it.
+    /// A key whose permit has ended, or was for another sink, is [`GateError::KeyUsed`].
     pub fn take_permit_keyed(
         &self,
         now: OffsetDateTime,
@@ -278,11 +284,16 @@ impl Journal {
             if let Some(key) = key {
                 let prior = tx
                     .row(
-                        "SELECT permit_id FROM permits WHERE lease_id = $1 AND request_key = $2",
+                        "SELECT permit_id, state, sink FROM permits WHERE lease_id = $1 AND request_key = $2",
                         &[V::I(lease), key.into()],
                     )
                     .map_err(db)?;
                 if let Some(r) = prior {
+                    // The same take sent again: its permit, still held. Anything else is a key
+                    // reused, which must not grant a permit no drain set tracks.
+                    if r[1].text() != "active" || r[2].text() != sink.as_str() {
+                        return Err(GateError::KeyUsed.into());
+                    }
                     return Ok(Permit {
                         id: r[0].i().unwrap_or(0),
                     });

@@ -177,7 +177,7 @@ END $f$"#,
     // Takes permits, one per (lease, sink) pair, and ends permits, one per (permit, state)
     // pair ('released' or 'cancelled'), in one transaction. Returns one result per request,
     // takes first, in order: a take's new permit id or refusal code (-1 no such lease,
-    // -2 revoked, -3 expired, -4 stale epoch, -5 fenced, -6 tombstoned), then an end's 1, or 0
+    // -2 revoked, -3 expired, -4 stale epoch, -5 fenced, -6 tombstoned, -7 key used), then an end's 1, or 0
     // if the permit was not active. `lethe serve` sends the gate requests that arrive while
     // its connection is busy in one call (one commit, one WAL flush for them all); the journal
     // sends one permit at a time. First the locks of every lease's scope, shared, in one
@@ -204,6 +204,9 @@ DECLARE
     p_sink TEXT;
     p_key TEXT;
     id BIGINT;
+    found_id BIGINT;
+    found_state TEXT;
+    found_sink TEXT;
     changed BIGINT;
 BEGIN
     -- Ends alone need not wait for the WAL flush: losing one in a crash leaves the permit
@@ -245,10 +248,18 @@ BEGIN
         SELECT COALESCE((SELECT i.permit_id FROM ins i), (SELECT c.code FROM c), -1) INTO id;
         -- Only a take that found a permit with its key already (0: the insert was skipped), or
         -- was refused, looks for it: the first sending of a take costs no lookup. A new
-        -- snapshot sees a sending that committed meanwhile.
+        -- snapshot sees a sending that committed meanwhile. The permit found is returned only
+        -- while active and for the same sink (the same take sent again); otherwise the key
+        -- was reused (-7), which must not grant a permit no drain set tracks. A row gone since
+        -- the conflict (swept: it had ended) is a reused key too.
         IF p_key IS NOT NULL AND id <= 0 THEN
-            SELECT COALESCE(MAX(p.permit_id), id) INTO id FROM permits p
+            SELECT p.permit_id, p.state, p.sink INTO found_id, found_state, found_sink FROM permits p
              WHERE p.lease_id = p_lease AND p.request_key = p_key;
+            IF found_id IS NOT NULL THEN
+                id := CASE WHEN found_state = 'active' AND found_sink = p_sink THEN found_id ELSE -7 END;
+            ELSIF id = 0 THEN
+                id := -7;
+            END IF;
         END IF;
         ids := ids || id;
     END LOOP;

@@ -222,9 +222,12 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     st.raw("CREATE INDEX permits_lease ON permits (lease_id, state)");
     if let Store::Postgres { .. } = st {
         st.raw(
-            "DROP FUNCTION lethe_gate_batch(BIGINT[], TEXT[], TEXT[], BIGINT, BIGINT[], TEXT[]); \
+            "DROP FUNCTION lethe_gate_batch(BIGINT[], TEXT[], TEXT[], BIGINT, BIGINT[], TEXT[], TEXT[]); \
+             DROP FUNCTION lethe_end_permit(BIGINT, TEXT, TEXT); \
              CREATE FUNCTION lethe_gate_batch(p_leases BIGINT[], p_sinks TEXT[], p_now BIGINT, \
-             p_ends BIGINT[], p_end_states TEXT[]) RETURNS BIGINT[] LANGUAGE sql AS 'SELECT NULL::BIGINT[]'",
+             p_ends BIGINT[], p_end_states TEXT[]) RETURNS BIGINT[] LANGUAGE sql AS 'SELECT NULL::BIGINT[]'; \
+             CREATE FUNCTION lethe_end_permit(p_permit BIGINT, p_state TEXT) RETURNS BIGINT \
+             LANGUAGE sql AS 'SELECT 0::BIGINT'",
         );
     }
     st.raw("UPDATE lethe_meta SET v = 'older' WHERE k = 'schema_fingerprint'");
@@ -260,9 +263,11 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     );
     if let Store::Postgres { .. } = st {
         assert_eq!(
-            st.count("SELECT count(*) FROM pg_proc WHERE proname = 'lethe_gate_batch'"),
-            1,
-            "version 3's batch function was overloaded instead of replaced"
+            st.count(
+                "SELECT count(*) FROM pg_proc WHERE proname IN ('lethe_gate_batch', 'lethe_end_permit')"
+            ),
+            2,
+            "version 3's gate functions were overloaded instead of replaced"
         );
     }
     let l = j
@@ -516,9 +521,18 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze(st:
         .take_permit_keyed(NOW, other.id, Sink::Tool, Some("k-1"))
         .unwrap();
     assert_ne!(on_other.id, first.id, "a key is a lease's own");
+    // A key is one take's: for another sink, or once its permit ended, it grants nothing.
+    assert!(matches!(
+        j.take_permit_keyed(NOW, l.id, Sink::Output, Some("k-1")),
+        Err(JournalError::Gate(GateError::KeyUsed))
+    ));
+    j.release_permit_keyed(on_other.id, Some("k-1")).unwrap();
+    assert!(matches!(
+        j.take_permit_keyed(NOW, other.id, Sink::Tool, Some("k-1")),
+        Err(JournalError::Gate(GateError::KeyUsed))
+    ));
     let unkeyed = j.take_permit(NOW, l.id, Sink::Tool).unwrap();
     j.release_permit(unkeyed.id).unwrap();
-    j.release_permit_keyed(on_other.id, Some("k-1")).unwrap();
     assert_eq!(
         st.count(&format!(
             "SELECT count(*) FROM permits WHERE lease_id = {}",
@@ -559,6 +573,13 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze(st:
     }
     assert_eq!(j.undrained(&a).unwrap(), 1);
     j.release_permit_keyed(after.id, Some("k-1")).unwrap();
+    assert_eq!(j.undrained(&a).unwrap(), 0);
+    // Once released, its key grants nothing after the freeze either: no permit the job does
+    // not wait for.
+    assert!(matches!(
+        j.take_permit_keyed(NOW, l.id, Sink::Tool, Some("k-1")),
+        Err(JournalError::Gate(GateError::KeyUsed))
+    ));
     assert_eq!(j.undrained(&a).unwrap(), 0);
 }
 
@@ -932,7 +953,7 @@ fn postgres_gate_batch_answers_each_request_in_order_as_if_alone() {
     let mut c = connect(&st.url()).unwrap();
     let row = c
         .query_one(
-            "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6)",
+            "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6, $7)",
             &[
                 &vec![bob, alice, 999_999, bob, carol, short],
                 &vec!["tool", "state", "tool", "tool", "output", "tool"],
@@ -940,6 +961,7 @@ fn postgres_gate_batch_answers_each_request_in_order_as_if_alone() {
                 &later,
                 &vec![held, held, 424_242],
                 &vec!["released", "cancelled", "released"],
+                &Vec::<Option<&str>>::new(),
             ],
         )
         .unwrap();

@@ -50,6 +50,7 @@ impl From<GateError> for ApiError {
             GateError::Expired => (StatusCode::CONFLICT, "expired"),
             GateError::NoSuchLease => (StatusCode::NOT_FOUND, "no_such_lease"),
             GateError::NoSuchPermit => (StatusCode::NOT_FOUND, "no_such_permit"),
+            GateError::KeyUsed => (StatusCode::CONFLICT, "key_used"),
         };
         Self::new(status, code, e.to_string())
     }

@@ -1421,6 +1421,9 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains(b: Bac
         key: Some("run-7.step-3".into()),
     })
     .unwrap();
+    // Its key grants nothing once it ended: a replayed step must not get a permit no drain set
+    // tracks.
+    assert_eq!(code(take("run-7.step-3").unwrap_err()), "key_used");
     let v = env.wait_job(&job, |v| {
         v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
     });
