@@ -168,6 +168,95 @@ pub(crate) fn like_escape(s: &str) -> String {
     out
 }
 
+/// What would make an erase or a count on `tables` (quoted, qualified names) reach beyond
+/// them, or miss rows, checked before anything is read or deleted; `None` if nothing does.
+/// `own_cascades` are `(child, parent)` foreign keys LangGraph itself declares (the store's
+/// vectors), whose cascade is part of the target.
+///
+/// - A foreign key from another table with `ON DELETE CASCADE`, `SET NULL` or `SET DEFAULT`:
+///   deleting a row of the scope would change a row of the application's, which may be another
+///   person's, and no count would show it (`RESTRICT` and `NO ACTION` make the delete fail,
+///   which changes nothing).
+/// - A `DELETE` trigger that is not Lethe's: it may do the same (the guard's are on writes).
+/// - Row-level security that applies to this connection's role: its reads would miss rows,
+///   and a verify would certify them gone.
+pub(crate) fn hidden_effects(
+    c: &mut Client,
+    tables: &[String],
+    own_cascades: &[(String, String)],
+) -> Result<Option<String>, postgres::Error> {
+    const OIDS: &str = "SELECT to_regclass(t) FROM unnest($1::text[]) AS t";
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    for r in c.query(
+        &format!(
+            "SELECT con.conname, con.conrelid::regclass::text, con.confrelid::regclass::text
+               FROM pg_constraint con
+              WHERE con.contype = 'f' AND con.confdeltype IN ('c', 'n', 'd')
+                AND con.confrelid IN ({OIDS})
+              ORDER BY 1"
+        ),
+        &[&tables],
+    )? {
+        let (name, child, parent): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+        let own = own_cascades.iter().any(|(ch, pa)| {
+            c.query_one(
+                "SELECT to_regclass($1) = to_regclass($3) AND to_regclass($2) = to_regclass($4)",
+                &[ch, pa, &child, &parent],
+            )
+            .map(|r| r.get::<_, Option<bool>>(0) == Some(true))
+            .unwrap_or(false)
+        });
+        if !own {
+            return Ok(Some(format!(
+                "foreign key {name} on {child} changes its rows when a row of {parent} is \
+                 deleted (ON DELETE CASCADE, SET NULL or SET DEFAULT): an erase would reach \
+                 rows outside the scope, uncounted. Make it RESTRICT or NO ACTION, or erase \
+                 that table as a target of its own"
+            )));
+        }
+    }
+    if let Some(r) = c
+        .query(
+            &format!(
+                "SELECT t.tgname, t.tgrelid::regclass::text FROM pg_trigger t
+                  WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND (t.tgtype & 8) <> 0
+                    AND t.tgrelid IN ({OIDS})
+                  ORDER BY 1 LIMIT 1"
+            ),
+            &[&tables],
+        )?
+        .first()
+    {
+        let (name, table): (String, String) = (r.get(0), r.get(1));
+        return Ok(Some(format!(
+            "trigger {name} on {table} runs on DELETE: an erase would run it, and what it \
+             changes is not counted. Drop or disable it for Lethe's role, or erase what it \
+             writes as a target of its own"
+        )));
+    }
+    if let Some(r) = c
+        .query(
+            &format!(
+                "SELECT c.oid::regclass::text FROM pg_class c, pg_roles me
+                  WHERE me.rolname = current_user AND c.oid IN ({OIDS}) AND c.relrowsecurity
+                    AND NOT (me.rolsuper OR me.rolbypassrls)
+                    AND (c.relforcerowsecurity OR NOT pg_has_role(c.relowner, 'USAGE'))
+                  ORDER BY 1 LIMIT 1"
+            ),
+            &[&tables],
+        )?
+        .first()
+    {
+        let table: String = r.get(0);
+        return Ok(Some(format!(
+            "row-level security on {table} applies to this connection's role: its reads \
+             would miss rows, and a verify would certify them gone. Connect as a role with \
+             BYPASSRLS (or the table's owner, if the policy is not forced)"
+        )));
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

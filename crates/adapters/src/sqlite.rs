@@ -38,6 +38,22 @@ pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connecti
     .map_err(|e| db(target, e))?;
     // The application may be writing: wait for its locks rather than fail at once.
     conn.busy_timeout(busy).map_err(|e| db(target, e))?;
+    // Text compares as UTF-8 bytes in every query (namespace ranges, metadata read as JSON
+    // text). A UTF-16 file compares 16-bit units: a namespace range took in another subject's
+    // label, and SqliteSaver's UTF-8 metadata blobs read as UTF-16 matched no one (review,
+    // 2026-12-04). LangGraph's own files are UTF-8.
+    let encoding: String = conn
+        .pragma_query_value(None, "encoding", |r| r.get(0))
+        .map_err(|e| db(target, e))?;
+    if encoding != "UTF-8" {
+        return Err(AdapterError::Failed {
+            target: target.to_string(),
+            why: format!(
+                "{} is a {encoding} SQLite file; Lethe reads UTF-8 files only (LangGraph writes UTF-8)",
+                path.display()
+            ),
+        });
+    }
     // Foreign keys off, as LangGraph's own connections have them. The bundled SQLite defaults
     // them on, and a cascade deletes rows that `changes()` does not count, which would blind
     // the anomaly guard: every row Lethe deletes, it deletes by an explicit statement and counts.

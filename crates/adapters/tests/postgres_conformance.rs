@@ -969,3 +969,106 @@ fn a_memory_id_that_names_two_items_is_refused() {
         "only the other reading exists: still refused"
     );
 }
+
+/// What would make an erase reach beyond the target's tables, or a count miss rows, is refused
+/// before anything is read or deleted (found by review, 2026-12-04): an application table that
+/// cascades from the store, the checkpoints or the registry (an erase of one subject deleted
+/// another's row, uncounted), a DELETE trigger, and row-level security that hides rows from
+/// Lethe's role (inventory and verify said 0 while the row stayed). A RESTRICT foreign key,
+/// LangGraph's own store_vectors cascade and a superuser's view are fine.
+#[test]
+fn what_would_reach_beyond_the_tables_or_hide_rows_is_refused_before_anything_runs() {
+    let srv = server(15);
+    let refused = |t: &Target, what: &str| {
+        let e = t.adapter.probe().expect_err(what);
+        let m = e.to_string();
+        assert!(!e.is_retryable(), "{what}: {m}");
+        m
+    };
+    // The store: a cascading foreign key from an application table.
+    let db = Db::new(&srv);
+    let st = store(&db);
+    st.adapter
+        .probe()
+        .expect("the fixture as LangGraph made it");
+    let mut c = db.client();
+    c.batch_execute(
+        "CREATE TABLE shared_notes (owner TEXT, prefix TEXT, key TEXT,
+           FOREIGN KEY (prefix, key) REFERENCES store (prefix, key) ON DELETE RESTRICT)",
+    )
+    .unwrap();
+    st.adapter
+        .probe()
+        .expect("RESTRICT changes nothing: the delete fails");
+    c.batch_execute(
+        "ALTER TABLE shared_notes DROP CONSTRAINT shared_notes_prefix_key_fkey;
+         ALTER TABLE shared_notes ADD CONSTRAINT notes_follow FOREIGN KEY (prefix, key)
+           REFERENCES store (prefix, key) ON DELETE CASCADE",
+    )
+    .unwrap();
+    let m = refused(&st, "a cascade");
+    assert!(m.contains("notes_follow") && m.contains("CASCADE"), "{m}");
+    c.batch_execute("DROP TABLE shared_notes").unwrap();
+    // A DELETE trigger.
+    c.batch_execute(
+        "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN OLD; END$$;
+         CREATE TRIGGER store_audit BEFORE DELETE ON store FOR EACH ROW EXECUTE FUNCTION audit()",
+    )
+    .unwrap();
+    let m = refused(&st, "a DELETE trigger");
+    assert!(m.contains("store_audit"), "{m}");
+    c.batch_execute("DROP TRIGGER store_audit ON store")
+        .unwrap();
+    st.adapter.probe().unwrap();
+    // Row-level security: refused for a role it applies to, not for a superuser.
+    c.batch_execute(
+        "ALTER TABLE store ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY only_acme ON store USING (prefix LIKE 'acme.%')",
+    )
+    .unwrap();
+    st.adapter
+        .probe()
+        .expect("a superuser bypasses row-level security");
+    let role = format!("{}_reader", db.name);
+    c.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN; GRANT SELECT, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+    ))
+    .unwrap();
+    let as_role = target(&format!(
+        r#"
+name = "memories"
+kind = "langgraph-postgres-store"
+class = "primary"
+url = "{}"
+namespace = ["{{tenant}}", "{{subject}}"]
+"#,
+        db.url.replacen("postgres@", &format!("{role}@"), 1)
+    ));
+    let m = refused(&as_role, "row-level security");
+    assert!(m.contains("row-level security"), "{m}");
+    drop(as_role);
+    // The checkpointer: a cascade from its registry, and one from its checkpoints.
+    let ck = checkpointer(&db);
+    ck.adapter.probe().unwrap();
+    c.batch_execute(
+        "ALTER TABLE thread_registry ADD CONSTRAINT registry_thread UNIQUE (thread_id);
+         CREATE TABLE participants (who TEXT, thread_id TEXT REFERENCES thread_registry (thread_id) ON DELETE CASCADE)",
+    )
+    .unwrap();
+    let m = refused(&ck, "a cascade from the registry");
+    assert!(m.contains("participants"), "{m}");
+    c.batch_execute(
+        "DROP TABLE participants;
+         CREATE TABLE run_notes (thread_id TEXT, checkpoint_ns TEXT, checkpoint_id TEXT,
+           FOREIGN KEY (thread_id, checkpoint_ns, checkpoint_id)
+           REFERENCES checkpoints (thread_id, checkpoint_ns, checkpoint_id) ON DELETE SET NULL)",
+    )
+    .unwrap();
+    let m = refused(&ck, "a SET NULL from the checkpoints");
+    assert!(m.contains("run_notes"), "{m}");
+    c.batch_execute(&format!(
+        "DROP TABLE run_notes; REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}; DROP ROLE {role}"
+    ))
+    .unwrap();
+    ck.adapter.probe().unwrap();
+}

@@ -892,6 +892,76 @@ fn metadata_that_escapes_the_owner_or_gives_it_as_a_number_is_found() {
         "{:?}",
         inv.locators
     );
+
+    // An integer past i64 names the subject of its digits (it was read as a float, never
+    // found, and certified gone); `true` names subject "true", never "1" (it was read as 1).
+    for (value, owner, not_owner) in [
+        (
+            "18446744073709551615",
+            "18446744073709551615",
+            "1.84467440737096e+19",
+        ),
+        ("true", "true", "1"),
+    ] {
+        let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
+        conn.execute(
+            &format!(
+                "UPDATE checkpoints SET metadata = CAST(json_set(CAST(metadata AS TEXT), '$.user_id', json('{value}')) AS BLOB) WHERE thread_id = ?1"
+            ),
+            [&bob_thread],
+        )
+        .unwrap();
+        drop(conn);
+        let has = |subject: &str| {
+            tg.adapter
+                .inventory(&subject_scope("acme", subject))
+                .unwrap()
+                .locators
+                .iter()
+                .any(|(l, _)| *l == format!("0:{bob_thread}"))
+        };
+        assert!(has(owner), "{value} names {owner}");
+        assert!(!has(not_owner), "{value} does not name {not_owner}");
+        let scope = subject_scope("acme", owner);
+        let inv = tg.adapter.inventory(&scope).unwrap();
+        assert!(
+            tg.adapter.verify(&scope, &inv.locators).unwrap() > 0,
+            "{value}: not clean before"
+        );
+    }
+}
+
+/// A UTF-16 SQLite file is refused: its text compares as 16-bit units, so a namespace range
+/// reached another subject's label and UTF-8 metadata matched no one (review, 2026-12-04).
+#[test]
+fn a_utf16_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "PRAGMA encoding = 'UTF-16le';
+         CREATE TABLE store (prefix TEXT, key TEXT, value TEXT, created_at TEXT, updated_at TEXT, expires_at TEXT, ttl_minutes REAL, PRIMARY KEY (prefix, key));",
+    )
+    .unwrap();
+    drop(conn);
+    let tg = target(
+        dir.path(),
+        r#"
+name = "memories"
+kind = "langgraph-sqlite-store"
+class = "primary"
+path = "store.db"
+namespace = ["{tenant}", "{subject}"]
+"#,
+    );
+    let e = tg.adapter.probe().unwrap_err().to_string();
+    assert!(e.contains("UTF-16le") && e.contains("UTF-8"), "{e}");
+    let e = tg
+        .adapter
+        .inventory(&subject_scope("acme", "alice"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("UTF-16le"), "{e}");
 }
 
 /// A memory id `a/b` also names key `a/b` one label up: when the store holds both readings (or

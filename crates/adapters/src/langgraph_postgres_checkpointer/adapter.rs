@@ -314,8 +314,28 @@ impl Adapter for Checkpointer {
                 });
             }
         }
+        let tables: Vec<String> = TABLES
+            .iter()
+            .map(|t| format!("{}.\"{t}\"", self.schema))
+            .collect();
+        let hidden = |why| AdapterError::Failed {
+            target: self.name.clone(),
+            why,
+        };
+        if let Some(why) = self
+            .conn
+            .with(|c| crate::postgres::hidden_effects(c, &tables, &[]))?
+        {
+            return Err(hidden(why));
+        }
         if let Some((conn, r)) = self.registry_conn() {
             let (table, t, s, th) = Self::registry_sql(r);
+            // The registry's rows are erased too (last).
+            if let Some(why) = conn
+                .with(|c| crate::postgres::hidden_effects(c, std::slice::from_ref(&table), &[]))?
+            {
+                return Err(hidden(why));
+            }
             conn.with(|c| {
                 c.query(&format!("SELECT {t}, {s}, {th} FROM {table} LIMIT 0"), &[])
                     .map(|_| ())

@@ -194,6 +194,18 @@ impl Adapter for Store {
                 why: format!("no table {name}: is this a LangGraph PostgresStore database?"),
             });
         }
+        let tables = [self.store.clone(), self.vectors.clone()];
+        // LangGraph's own: a vector row goes with its item, and is counted with it.
+        let own = [(self.vectors.clone(), self.store.clone())];
+        if let Some(why) = self
+            .conn
+            .with(|c| crate::postgres::hidden_effects(c, &tables, &own))?
+        {
+            return Err(AdapterError::Failed {
+                target: self.name.clone(),
+                why,
+            });
+        }
         Ok(())
     }
 

@@ -49,6 +49,18 @@ const REGISTRY: &str = "1:";
 const META: &str =
     "CASE WHEN json_valid(CAST(metadata AS TEXT), 2) THEN CAST(metadata AS TEXT) END";
 
+/// A metadata value (at the JSON path in parameter `path`) as text, as PostgreSQL's `->>`
+/// reads it: a string's characters, a number's digits as written, `true` or `false`; NULL for
+/// a JSON null or no such key. `CAST(json_extract(..) AS TEXT)` read an integer past i64 as a
+/// float (`1.84467440737096e+19`: that owner was never found, and certified gone) and `true` as
+/// `1` (another owner's thread taken for subject "1"; found by review, 2026-12-04).
+fn owner_text(path: &str) -> String {
+    format!(
+        "(CASE json_type({META}, {path}) WHEN 'text' THEN json_extract({META}, {path}) \
+         WHEN 'null' THEN NULL ELSE ({META}) -> {path} END)"
+    )
+}
+
 /// The owner of a scope, as SQL parameters.
 struct Owner<'a> {
     tenant: &'a str,
@@ -170,8 +182,10 @@ impl Checkpointer {
         // The owner's values as text, as PostgreSQL's `->>` reads them (a JSON number 7 is "7").
         let sql = format!(
             "SELECT thread_id FROM checkpoints NOT INDEXED
-              WHERE {prefilter} CAST(json_extract({META}, ?3) AS TEXT) = ?1
-                AND (?2 IS NULL OR CAST(json_extract({META}, ?4) AS TEXT) = ?2)"
+              WHERE {prefilter} {} = ?1
+                AND (?2 IS NULL OR {} = ?2)",
+            owner_text("?3"),
+            owner_text("?4"),
         );
         let mut stmt = conn.prepare(&sql).map_err(|e| self.err(e))?;
         let mut rows = stmt
@@ -216,10 +230,10 @@ impl Checkpointer {
             .query_row(
                 &format!(
                     "SELECT count(*) FROM checkpoints WHERE thread_id = ?1
-                       AND ((json_extract({META}, ?4) IS NOT NULL
-                             AND CAST(json_extract({META}, ?4) AS TEXT) IS NOT ?2)
-                            OR (?3 IS NOT NULL AND json_extract({META}, ?5) IS NOT NULL
-                                AND CAST(json_extract({META}, ?5) AS TEXT) IS NOT ?3))"
+                       AND (({t} IS NOT NULL AND {t} IS NOT ?2)
+                            OR (?3 IS NOT NULL AND {s} IS NOT NULL AND {s} IS NOT ?3))",
+                    t = owner_text("?4"),
+                    s = owner_text("?5"),
                 ),
                 params![thread, o.tenant, o.subject, m.tenant_path, m.subject_path],
                 |r| r.get(0),
