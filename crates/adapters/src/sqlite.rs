@@ -65,6 +65,54 @@ pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connecti
     Ok(conn)
 }
 
+/// The first trigger on one of `tables` that runs on `DELETE`, as `(trigger, table)`: an
+/// erase would run it, and what it changes is not counted (foreign keys are off on Lethe's
+/// connections; triggers are not). Probes refuse such a target.
+pub(crate) fn delete_trigger(
+    conn: &Connection,
+    tables: &[&str],
+) -> Result<Option<(String, String)>, rusqlite::Error> {
+    let mut stmt = conn.prepare(
+        "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' ORDER BY name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Option<String>>(2)?.unwrap_or_default(),
+        ))
+    })?;
+    for row in rows {
+        let (name, table, sql) = row?;
+        if !tables.iter().any(|t| t.eq_ignore_ascii_case(&table)) {
+            continue;
+        }
+        // `... [BEFORE|AFTER|INSTEAD OF] DELETE ON table ...`, in any spacing and case.
+        let words: Vec<String> = sql
+            .split_whitespace()
+            .map(str::to_ascii_uppercase)
+            .collect();
+        if words.windows(2).any(|w| w[0] == "DELETE" && w[1] == "ON") {
+            return Ok(Some((name, table)));
+        }
+    }
+    Ok(None)
+}
+
+/// The refusal for a trigger [`delete_trigger`] found.
+pub(crate) fn delete_trigger_refusal(
+    target: &str,
+    (name, table): (String, String),
+) -> AdapterError {
+    AdapterError::Failed {
+        target: target.to_string(),
+        why: format!(
+            "trigger {name} on {table} runs on DELETE: an erase would run it, and what it \
+             changes is not counted. Drop it, or erase what it writes as a target of its own"
+        ),
+    }
+}
+
 /// Maps a driver error: busy and locked are worth retrying, the rest is not.
 pub(crate) fn db(target: &str, e: rusqlite::Error) -> AdapterError {
     use rusqlite::ErrorCode::{CannotOpen, DatabaseBusy, DatabaseLocked};

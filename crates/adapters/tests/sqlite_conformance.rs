@@ -998,3 +998,47 @@ fn a_memory_id_that_names_two_items_is_refused() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+/// A trigger that runs on DELETE on a target's tables (the registry's included) is refused
+/// before anything runs: an erase would run it, and what it changed would go uncounted (foreign
+/// keys are off on Lethe's connections; triggers are not). A trigger on writes is fine.
+#[test]
+fn a_delete_trigger_on_a_targets_tables_is_refused() {
+    let c = copy("langgraph-sqlite");
+    let store = target(c.dir.path(), STORE);
+    let checkpoints = target(c.dir.path(), CHECKPOINTER);
+    store.adapter.probe().unwrap();
+    checkpoints.adapter.probe().unwrap();
+    let run = |file: &str, sql: &str| {
+        Connection::open(c.dir.path().join(file))
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap()
+    };
+    run(
+        "store.db",
+        "CREATE TABLE audit (k TEXT);
+         CREATE TRIGGER on_write AFTER INSERT ON store BEGIN INSERT INTO audit VALUES (new.key); END;",
+    );
+    store
+        .adapter
+        .probe()
+        .expect("a trigger on writes runs no erase");
+    for (file, table, checked) in [
+        ("store.db", "store", &store),
+        ("checkpoints.db", "writes", &checkpoints),
+        ("app.db", "thread_registry", &checkpoints),
+    ] {
+        run(
+            file,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS audit (k TEXT);
+                 CREATE TRIGGER gone_{table}\n  AFTER\n delete  on {table} BEGIN INSERT INTO audit VALUES ('x'); END;"
+            ),
+        );
+        let e = checked.adapter.probe().unwrap_err().to_string();
+        assert!(e.contains(&format!("gone_{table}")), "{table}: {e}");
+        run(file, &format!("DROP TRIGGER gone_{table}"));
+        checked.adapter.probe().unwrap();
+    }
+}

@@ -461,8 +461,18 @@ impl Adapter for Checkpointer {
                 )));
             }
         }
+        if let Some(t) = crate::sqlite::delete_trigger(&conn, &["checkpoints", "writes"])
+            .map_err(|e| self.err(e))?
+        {
+            return Err(crate::sqlite::delete_trigger_refusal(&self.name, t));
+        }
         if let Some(r) = &self.registry {
             let rconn = self.open_registry(r)?;
+            if let Some(t) = crate::sqlite::delete_trigger(&rconn, &[r.table.as_str()])
+                .map_err(|e| self.err(e))?
+            {
+                return Err(crate::sqlite::delete_trigger_refusal(&self.name, t));
+            }
             let cols = columns(&rconn, &r.table).map_err(|e| self.err(e))?;
             if cols.is_empty() {
                 return Err(self.failed(format!(

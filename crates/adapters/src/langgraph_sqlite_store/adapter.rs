@@ -205,6 +205,11 @@ impl Adapter for Store {
                 ),
             });
         }
+        if let Some(t) = crate::sqlite::delete_trigger(&conn, &["store", "store_vectors"])
+            .map_err(|e| self.err(e))?
+        {
+            return Err(crate::sqlite::delete_trigger_refusal(&self.name, t));
+        }
         Ok(())
     }
 
