@@ -177,7 +177,7 @@ pub(crate) fn like_escape(s: &str) -> String {
 ///   deleting a row of the scope would change a row of the application's, which may be another
 ///   person's, and no count would show it (`RESTRICT` and `NO ACTION` make the delete fail,
 ///   which changes nothing).
-/// - A `DELETE` trigger that is not Lethe's: it may do the same (the guard's are on writes).
+/// - A `DELETE` trigger or rule: it may do the same (the guard's triggers are on writes).
 /// - Row-level security that applies to this connection's role: its reads would miss rows,
 ///   and a verify would certify them gone.
 pub(crate) fn hidden_effects(
@@ -232,6 +232,23 @@ pub(crate) fn hidden_effects(
             "trigger {name} on {table} runs on DELETE: an erase would run it, and what it \
              changes is not counted. Drop or disable it for Lethe's role, or erase what it \
              writes as a target of its own"
+        )));
+    }
+    if let Some(r) = c
+        .query(
+            &format!(
+                "SELECT r.rulename, r.ev_class::regclass::text FROM pg_rewrite r
+                  WHERE r.ev_type = '4' AND r.ev_class IN ({OIDS})
+                  ORDER BY 1 LIMIT 1"
+            ),
+            &[&tables],
+        )?
+        .first()
+    {
+        let (name, table): (String, String) = (r.get(0), r.get(1));
+        return Ok(Some(format!(
+            "rule {name} on {table} rewrites DELETE: an erase would run it, and what it \
+             changes is not counted. Drop it, or erase what it writes as a target of its own"
         )));
     }
     if let Some(r) = c

@@ -1020,6 +1020,17 @@ fn what_would_reach_beyond_the_tables_or_hide_rows_is_refused_before_anything_ru
     c.batch_execute("DROP TRIGGER store_audit ON store")
         .unwrap();
     st.adapter.probe().unwrap();
+    // A rule on DELETE.
+    c.batch_execute(
+        "CREATE TABLE deleted_log (k TEXT);
+         CREATE RULE keep_log AS ON DELETE TO store DO ALSO INSERT INTO deleted_log VALUES (old.key)",
+    )
+    .unwrap();
+    let m = refused(&st, "a DELETE rule");
+    assert!(m.contains("keep_log"), "{m}");
+    c.batch_execute("DROP RULE keep_log ON store; DROP TABLE deleted_log")
+        .unwrap();
+    st.adapter.probe().unwrap();
     // Row-level security: refused for a role it applies to, not for a superuser.
     c.batch_execute(
         "ALTER TABLE store ENABLE ROW LEVEL SECURITY;
