@@ -185,8 +185,31 @@ pub(crate) fn hidden_effects(
     tables: &[String],
     own_cascades: &[(String, String)],
 ) -> Result<Option<String>, postgres::Error> {
-    const OIDS: &str = "SELECT to_regclass(t) FROM unnest($1::text[]) AS t";
+    // The tables and every partition or inheritance child below them: a DELETE on a parent
+    // deletes there too, and runs their triggers and their foreign keys' actions (review,
+    // 2026-12-04).
+    const OIDS: &str = "WITH RECURSIVE tree(oid) AS (
+            SELECT to_regclass(t)::oid FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NOT NULL
+            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+        SELECT oid FROM tree";
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    // A view (or a foreign table) deletes from tables its definition names, whose cascades and
+    // triggers these checks cannot see: only plain and partitioned tables are erased.
+    if let Some(r) = c
+        .query(
+            "SELECT to_regclass(t)::text FROM unnest($1::text[]) AS t
+              JOIN pg_class c ON c.oid = to_regclass(t)
+             WHERE c.relkind NOT IN ('r', 'p') ORDER BY 1 LIMIT 1",
+            &[&tables],
+        )?
+        .first()
+    {
+        let name: String = r.get(0);
+        return Ok(Some(format!(
+            "{name} is not a table (a view or a foreign table): an erase would delete through \
+             it from tables Lethe cannot check. Point the target at the table itself"
+        )));
+    }
     for r in c.query(
         &format!(
             "SELECT con.conname, con.conrelid::regclass::text, con.confrelid::regclass::text

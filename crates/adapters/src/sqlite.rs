@@ -65,35 +65,47 @@ pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connecti
     Ok(conn)
 }
 
-/// The first trigger on one of `tables` that runs on `DELETE`, as `(trigger, table)`: an
-/// erase would run it, and what it changes is not counted (foreign keys are off on Lethe's
-/// connections; triggers are not). Probes refuse such a target.
+/// The first of `tables` on which a `DELETE` runs a trigger, with that trigger's name if one
+/// spells it plainly: an erase would run it, and what it changes is not counted (foreign keys
+/// are off on Lethe's connections; triggers are not). SQLite itself decides: the plan of
+/// `DELETE FROM table` calls a trigger program (`Program`) only when a trigger fires on it,
+/// however its text is spelt (a first version read the text and missed `DELETE ON"store"`,
+/// comments between the words, and brackets; review, 2026-12-04). Nothing is executed.
 pub(crate) fn delete_trigger(
     conn: &Connection,
     tables: &[&str],
 ) -> Result<Option<(String, String)>, rusqlite::Error> {
-    let mut stmt = conn.prepare(
-        "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'trigger' ORDER BY name",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, Option<String>>(2)?.unwrap_or_default(),
-        ))
-    })?;
-    for row in rows {
-        let (name, table, sql) = row?;
-        if !tables.iter().any(|t| t.eq_ignore_ascii_case(&table)) {
+    for table in tables {
+        let exists: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE)",
+            [table],
+            |r| r.get(0),
+        )?;
+        if !exists {
             continue;
         }
-        // `... [BEFORE|AFTER|INSTEAD OF] DELETE ON table ...`, in any spacing and case.
-        let words: Vec<String> = sql
-            .split_whitespace()
-            .map(str::to_ascii_uppercase)
-            .collect();
-        if words.windows(2).any(|w| w[0] == "DELETE" && w[1] == "ON") {
-            return Ok(Some((name, table)));
+        let quoted = format!("\"{}\"", table.replace('"', "\"\""));
+        let mut stmt = conn.prepare(&format!("EXPLAIN DELETE FROM {quoted}"))?;
+        let mut rows = stmt.query([])?;
+        let mut fires = false;
+        while let Some(r) = rows.next()? {
+            if r.get::<_, String>(1)? == "Program" {
+                fires = true;
+                break;
+            }
+        }
+        if fires {
+            let name: Option<String> = conn
+                .query_row(
+                    "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?1 COLLATE NOCASE ORDER BY name LIMIT 1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .ok();
+            return Ok(Some((
+                name.unwrap_or_else(|| "(unnamed)".into()),
+                table.to_string(),
+            )));
         }
     }
     Ok(None)

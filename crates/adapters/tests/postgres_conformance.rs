@@ -1082,4 +1082,44 @@ namespace = ["{{tenant}}", "{{subject}}"]
     ))
     .unwrap();
     ck.adapter.probe().unwrap();
+    // A partitioned registry: a DELETE on it runs its partitions' triggers and their foreign
+    // keys' actions, so those are looked at too; a registry that is a view is refused.
+    c.batch_execute(
+        "CREATE TABLE part_registry (tenant_id TEXT, user_id TEXT, thread_id TEXT) PARTITION BY LIST (tenant_id);
+         CREATE TABLE reg_acme PARTITION OF part_registry FOR VALUES IN ('acme');
+         CREATE TABLE reg_rest PARTITION OF part_registry DEFAULT;
+         INSERT INTO part_registry SELECT tenant_id, user_id, thread_id FROM thread_registry;",
+    )
+    .unwrap();
+    let parted = checkpointer_with(&db, "public.part_registry", true);
+    parted
+        .adapter
+        .probe()
+        .expect("a partitioned registry as such");
+    c.batch_execute(
+        "CREATE TRIGGER acme_audit AFTER DELETE ON reg_acme FOR EACH ROW EXECUTE FUNCTION audit()",
+    )
+    .unwrap();
+    let m = refused(&parted, "a trigger on a partition");
+    assert!(m.contains("acme_audit"), "{m}");
+    c.batch_execute(
+        "DROP TRIGGER acme_audit ON reg_acme;
+         ALTER TABLE reg_acme ADD CONSTRAINT acme_thread UNIQUE (thread_id);
+         CREATE TABLE acme_notes (thread_id TEXT REFERENCES reg_acme (thread_id) ON DELETE CASCADE);",
+    )
+    .unwrap();
+    let m = refused(&parted, "a cascade from a partition");
+    assert!(m.contains("acme_notes"), "{m}");
+    c.batch_execute(
+        "CREATE VIEW registry_view AS SELECT tenant_id, user_id, thread_id FROM thread_registry",
+    )
+    .unwrap();
+    let m = refused(
+        &checkpointer_with(&db, "public.registry_view", true),
+        "a view",
+    );
+    assert!(
+        m.contains("registry_view") && m.contains("not a table"),
+        "{m}"
+    );
 }

@@ -929,6 +929,27 @@ fn metadata_that_escapes_the_owner_or_gives_it_as_a_number_is_found() {
             "{value}: not clean before"
         );
     }
+    // A number PostgreSQL spells otherwise (`1e3` is `1000` there) names no one here: neither
+    // its digits as written nor PostgreSQL's.
+    let conn = Connection::open(c.dir.path().join("checkpoints.db")).unwrap();
+    conn.execute(
+        "UPDATE checkpoints SET metadata = CAST(json_set(CAST(metadata AS TEXT), '$.user_id', json('1e3')) AS BLOB) WHERE thread_id = ?1",
+        [&bob_thread],
+    )
+    .unwrap();
+    drop(conn);
+    for subject in ["1e3", "1000"] {
+        let inv = tg
+            .adapter
+            .inventory(&subject_scope("acme", subject))
+            .unwrap();
+        assert!(
+            !inv.locators
+                .iter()
+                .any(|(l, _)| *l == format!("0:{bob_thread}")),
+            "1e3 named {subject}"
+        );
+    }
 }
 
 /// A UTF-16 SQLite file is refused: its text compares as 16-bit units, so a namespace range
@@ -1024,21 +1045,35 @@ fn a_delete_trigger_on_a_targets_tables_is_refused() {
         .adapter
         .probe()
         .expect("a trigger on writes runs no erase");
-    for (file, table, checked) in [
-        ("store.db", "store", &store),
-        ("checkpoints.db", "writes", &checkpoints),
-        ("app.db", "thread_registry", &checkpoints),
+    // Every spelling SQLite accepts (a first version read the text and missed most).
+    for (file, table, checked, on) in [
+        ("store.db", "store", &store, "\n  AFTER\n delete  on store"),
+        ("store.db", "store", &store, " DELETE ON\"store\""),
+        ("store.db", "store", &store, " DELETE/**/ON store"),
+        ("store.db", "store", &store, " DELETE -- c\n ON [store]"),
+        (
+            "checkpoints.db",
+            "writes",
+            &checkpoints,
+            " BEFORE DELETE ON writes",
+        ),
+        (
+            "app.db",
+            "thread_registry",
+            &checkpoints,
+            " DELETE ON `thread_registry`",
+        ),
     ] {
         run(
             file,
             &format!(
                 "CREATE TABLE IF NOT EXISTS audit (k TEXT);
-                 CREATE TRIGGER gone_{table}\n  AFTER\n delete  on {table} BEGIN INSERT INTO audit VALUES ('x'); END;"
+                 CREATE TRIGGER gone{on} BEGIN INSERT INTO audit VALUES ('x'); END;"
             ),
         );
         let e = checked.adapter.probe().unwrap_err().to_string();
-        assert!(e.contains(&format!("gone_{table}")), "{table}: {e}");
-        run(file, &format!("DROP TRIGGER gone_{table}"));
+        assert!(e.contains("gone") && e.contains(table), "{on}: {e}");
+        run(file, "DROP TRIGGER gone");
         checked.adapter.probe().unwrap();
     }
 }

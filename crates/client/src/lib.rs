@@ -171,7 +171,8 @@ impl Client {
     /// or a [`Error::Refused`] other than `bad_request`, `unauthorized` or `forbidden`,
     /// `previous` is no longer active; after [`Error::Io`] or `unavailable`, release it again
     /// with [`Client::release_permit`] (`no_such_permit` then means it was). The `bool` says
-    /// whether this request ended it (`false`: it was not active any more).
+    /// whether this request ended it (`false`: it was not active any more, which a take sent
+    /// again after a lost answer also reports, since its first sending ended it).
     pub fn take_permit_releasing(
         &self,
         lease_id: i64,

@@ -50,14 +50,19 @@ const META: &str =
     "CASE WHEN json_valid(CAST(metadata AS TEXT), 2) THEN CAST(metadata AS TEXT) END";
 
 /// A metadata value (at the JSON path in parameter `path`) as text, as PostgreSQL's `->>`
-/// reads it: a string's characters, a number's digits as written, `true` or `false`; NULL for
-/// a JSON null or no such key. `CAST(json_extract(..) AS TEXT)` read an integer past i64 as a
-/// float (`1.84467440737096e+19`: that owner was never found, and certified gone) and `true` as
-/// `1` (another owner's thread taken for subject "1"; found by review, 2026-12-04).
+/// reads it: a string's characters, an integer's digits as written, `true` or `false`; NULL for
+/// a JSON null or no such key. A number with a fraction or exponent, an object or an array is
+/// marked with a leading U+0001, which no identifier holds: PostgreSQL spells those its own way
+/// (`1e3` is `1000` there), so such a value names no subject here, and counts as another owner
+/// when a thread is checked for one. `CAST(json_extract(..) AS TEXT)` read an integer past i64
+/// as a float (`1.84467440737096e+19`: that owner was never found, and certified gone) and
+/// `true` as `1` (another owner's thread taken for subject "1"; found by review, 2026-12-04).
 fn owner_text(path: &str) -> String {
     format!(
         "(CASE json_type({META}, {path}) WHEN 'text' THEN json_extract({META}, {path}) \
-         WHEN 'null' THEN NULL ELSE ({META}) -> {path} END)"
+         WHEN 'null' THEN NULL WHEN 'integer' THEN ({META}) -> {path} \
+         WHEN 'true' THEN 'true' WHEN 'false' THEN 'false' \
+         ELSE char(1) || (({META}) -> {path}) END)"
     )
 }
 
