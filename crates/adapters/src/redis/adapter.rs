@@ -347,12 +347,32 @@ impl Redis {
                 };
                 // The exact re-check: a glob can only over-match if escaping failed; this makes
                 // sure nothing outside the prefix is ever unlinked.
-                out.extend(
-                    keys.iter()
-                        .filter_map(|k| k.bytes())
-                        .filter(|k| k.starts_with(prefix.as_bytes()))
-                        .map(<[u8]>::to_vec),
-                );
+                let found: Vec<Vec<u8>> = keys
+                    .iter()
+                    .filter_map(|k| k.bytes())
+                    .filter(|k| k.starts_with(prefix.as_bytes()))
+                    .map(<[u8]>::to_vec)
+                    .collect();
+                // A key on a node that does not serve its slot (a migration abandoned after
+                // its keys moved) cannot be reached by any keyed command: its UNLINK and
+                // EXISTS go to the slot's owner. Counted, it was certified gone by a frozen
+                // verify, and came back when the slot later moved there (review, 2026-12-04).
+                // The pass runs only while no slot is migrating, so this is no race.
+                if nodes.is_cluster() {
+                    for k in &found {
+                        let slot = super::resp::slot(k);
+                        let owner = nodes.owner(slot).map_err(|e| self.unavailable(e))?;
+                        if owner != *node {
+                            let (host, port) = node;
+                            return Err(self.unavailable(format!(
+                                "node {host}:{port} holds a key of the scope in slot {slot}, which it \
+                                 does not serve (a slot migration left it there): no command \
+                                 can reach it. Run `redis-cli --cluster fix`, then resume"
+                            )));
+                        }
+                    }
+                }
+                out.extend(found);
                 cursor = next;
                 if cursor == b"0" {
                     break;
