@@ -1009,28 +1009,32 @@ fn what_would_reach_beyond_the_tables_or_hide_rows_is_refused_before_anything_ru
     let m = refused(&st, "a cascade");
     assert!(m.contains("notes_follow") && m.contains("CASCADE"), "{m}");
     c.batch_execute("DROP TABLE shared_notes").unwrap();
-    // A DELETE trigger.
+    // A DELETE trigger, a DELETE rule: each refused, then dropped.
     c.batch_execute(
         "CREATE FUNCTION audit() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN OLD; END$$;
-         CREATE TRIGGER store_audit BEFORE DELETE ON store FOR EACH ROW EXECUTE FUNCTION audit()",
+         CREATE TABLE deleted_log (k TEXT)",
     )
     .unwrap();
-    let m = refused(&st, "a DELETE trigger");
-    assert!(m.contains("store_audit"), "{m}");
-    c.batch_execute("DROP TRIGGER store_audit ON store")
-        .unwrap();
-    st.adapter.probe().unwrap();
-    // A rule on DELETE.
-    c.batch_execute(
-        "CREATE TABLE deleted_log (k TEXT);
-         CREATE RULE keep_log AS ON DELETE TO store DO ALSO INSERT INTO deleted_log VALUES (old.key)",
-    )
-    .unwrap();
-    let m = refused(&st, "a DELETE rule");
-    assert!(m.contains("keep_log"), "{m}");
-    c.batch_execute("DROP RULE keep_log ON store; DROP TABLE deleted_log")
-        .unwrap();
-    st.adapter.probe().unwrap();
+    for (what, name, create, drop) in [
+        (
+            "a DELETE trigger",
+            "store_audit",
+            "CREATE TRIGGER store_audit BEFORE DELETE ON store FOR EACH ROW EXECUTE FUNCTION audit()",
+            "DROP TRIGGER store_audit ON store",
+        ),
+        (
+            "a DELETE rule",
+            "keep_log",
+            "CREATE RULE keep_log AS ON DELETE TO store DO ALSO INSERT INTO deleted_log VALUES (old.key)",
+            "DROP RULE keep_log ON store",
+        ),
+    ] {
+        c.batch_execute(create).unwrap();
+        let m = refused(&st, what);
+        assert!(m.contains(name), "{m}");
+        c.batch_execute(drop).unwrap();
+        st.adapter.probe().unwrap();
+    }
     // Row-level security: refused for a role it applies to, not for a superuser.
     c.batch_execute(
         "ALTER TABLE store ENABLE ROW LEVEL SECURITY;
