@@ -55,6 +55,9 @@ pub struct Redis {
     pacing: Pacing,
     /// Locators per `erase_batch` call, each batch journaled after it (config `batch_size`).
     batch_size: usize,
+    /// How long an erase waits for replicas to acknowledge it (`WAIT`): half the connection's
+    /// read timeout, so the answer comes before the read gives up.
+    wait: Duration,
 }
 
 impl std::fmt::Debug for Redis {
@@ -114,6 +117,7 @@ impl Redis {
             verify,
             pacing,
             batch_size,
+            wait: (timeout / 2).max(Duration::from_millis(1)),
         }
     }
 
@@ -584,6 +588,43 @@ impl Redis {
         Ok(out)
     }
 
+    /// Waits until every replica of each of `primaries` has acknowledged this connection's
+    /// writes (`WAIT`), for at most `self.wait`; fewer is unavailable.
+    fn wait_replicas(
+        &self,
+        nodes: &mut Nodes,
+        primaries: &BTreeSet<Addr>,
+    ) -> Result<(), AdapterError> {
+        let ms = self.wait.as_millis().to_string();
+        for node in primaries {
+            let want = nodes.replica_count(node).map_err(|e| self.unavailable(e))?;
+            if want == 0 {
+                continue;
+            }
+            let reply = nodes
+                .conn(node)
+                .and_then(|c| c.call(&[b"WAIT", want.to_string().as_bytes(), ms.as_bytes()]))
+                .map_err(|e| {
+                    nodes.forget(node);
+                    self.unavailable(e)
+                })?;
+            let acked = match reply {
+                Reply::Int(n) => n.max(0) as usize,
+                Reply::Error(e) => return Err(self.answered("WAIT", &e)),
+                _ => return Err(self.failed("WAIT answered something other than a count")),
+            };
+            if acked < want {
+                let (host, port) = node;
+                return Err(self.unavailable(format!(
+                    "{acked} of the {want} replicas of {host}:{port} acknowledged the erase \
+                     within {ms} ms: one that missed it could be promoted and serve the keys \
+                     again. Resume once replication is healthy"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// On a standalone server: `cmd` (`EXISTS` or `UNLINK`) over many keys at once, at most
     /// `pipeline` keys a command and one command a round trip, so Redis does the same work per
     /// round trip as with `pipeline` one-key commands, without parsing and answering each.
@@ -943,6 +984,23 @@ impl Adapter for Redis {
                 found: n,
             });
         }
+        // Every replica of each primary written to acknowledges the UNLINKs, or the step is
+        // unavailable (BLOCKED, resumed later): a replica that missed them could be promoted
+        // and serve the keys again after the certificate (shown live by review, 2026-12-04).
+        // Also when this call unlinked nothing: a resumed step waits for what an earlier one
+        // wrote on the same connection.
+        let mut touched = BTreeSet::new();
+        for k in keys.iter().chain(&sets).chain(&tenant_sets) {
+            touched.insert(nodes.owner(slot(k)).map_err(|e| self.unavailable(e))?);
+        }
+        if let Some(i) = &index {
+            touched.insert(
+                nodes
+                    .owner(slot(i.as_bytes()))
+                    .map_err(|e| self.unavailable(e))?,
+            );
+        }
+        self.wait_replicas(&mut nodes, &touched)?;
         Ok(n)
     }
 

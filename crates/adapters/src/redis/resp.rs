@@ -14,7 +14,7 @@
 //! (the system's, plus `tls_ca_file`) and the node's host name or IP address. A handshake that
 //! fails is an error, never a fall-back to plain TCP.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -392,6 +392,37 @@ fn masters(text: &str, seed: &str) -> (Vec<Addr>, usize) {
     (up, down)
 }
 
+/// How many replicas `CLUSTER NODES` lists for each primary (by the primary's address),
+/// whatever their state: a replica that is failing or behind has not acknowledged anything.
+fn replicas(text: &str, seed: &str) -> BTreeMap<Addr, usize> {
+    let mut addr_of = BTreeMap::new();
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(id), Some(addr), Some(flags), Some(master)) =
+            (f.first(), f.get(1), f.get(2), f.get(3))
+        else {
+            continue;
+        };
+        if flags.split(',').any(|x| x == "master") {
+            let hostport = addr.split(['@', ',']).next().unwrap_or("");
+            if let Some((h, p)) = hostport
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            {
+                let h = if h.is_empty() { seed } else { h };
+                addr_of.insert(*id, (h.to_string(), p));
+            }
+        } else if flags.split(',').any(|x| x == "slave") && *master != "-" {
+            *count.entry(master).or_default() += 1;
+        }
+    }
+    count
+        .into_iter()
+        .filter_map(|(id, n)| Some((addr_of.get(id)?.clone(), n)))
+        .collect()
+}
+
 /// Every primary of a cluster and its own slots field of `CLUSTER NODES` (ranges, and
 /// `[slot->-id]` / `[slot-<-id]` for a slot it migrates or imports).
 #[derive(Debug, PartialEq, Eq)]
@@ -448,6 +479,9 @@ pub(crate) struct Nodes {
     /// Primaries `CLUSTER NODES` flags as failing (`fail`, `fail?`) or without an address
     /// (`noaddr`): their keys cannot be scanned, so a keyspace pass cannot be complete.
     masters_down: usize,
+    /// How many replicas `CLUSTER NODES` lists for each primary, failing or not: each must
+    /// acknowledge an erase (`WAIT`), or a promoted one could serve the keys again.
+    replicas: BTreeMap<Addr, usize>,
 }
 
 impl Nodes {
@@ -461,6 +495,7 @@ impl Nodes {
             slots: Vec::new(),
             masters: Vec::new(),
             masters_down: 0,
+            replicas: BTreeMap::new(),
         }
     }
 
@@ -545,6 +580,7 @@ impl Nodes {
             self.slots = slots;
             self.masters = masters;
             self.masters_down = down;
+            self.replicas = replicas(&nodes, &seed.0);
             return Ok(());
         }
         Err(last)
@@ -606,6 +642,25 @@ impl Nodes {
 
     pub(crate) fn is_cluster(&self) -> bool {
         self.cluster
+    }
+
+    /// How many replicas must acknowledge a write to `primary`: on a cluster every replica
+    /// `CLUSTER NODES` lists for it (as of the last refresh); on a standalone server the ones
+    /// `ROLE` lists (connected ones: a standalone server forgets a replica that went away).
+    pub(crate) fn replica_count(&mut self, primary: &Addr) -> Result<usize, String> {
+        if self.cluster {
+            if self.slots.is_empty() {
+                self.refresh()?;
+            }
+            return Ok(self.replicas.get(primary).copied().unwrap_or(0));
+        }
+        match self.conn(primary)?.call(&[b"ROLE"])? {
+            Reply::Array(Some(parts)) => Ok(parts
+                .get(2)
+                .and_then(Reply::array)
+                .map_or(0, <[Reply]>::len)),
+            _ => Ok(0),
+        }
     }
 
     pub(crate) fn owner(&mut self, slot: u16) -> Result<Addr, String> {
