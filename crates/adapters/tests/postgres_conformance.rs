@@ -1049,16 +1049,7 @@ fn what_would_reach_beyond_the_tables_or_hide_rows_is_refused_before_anything_ru
         "CREATE ROLE {role} LOGIN; GRANT SELECT, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
     ))
     .unwrap();
-    let as_role = target(&format!(
-        r#"
-name = "memories"
-kind = "langgraph-postgres-store"
-class = "primary"
-url = "{}"
-namespace = ["{{tenant}}", "{{subject}}"]
-"#,
-        db.url.replacen("postgres@", &format!("{role}@"), 1)
-    ));
+    let as_role = store_at(&db.url.replacen("postgres@", &format!("{role}@"), 1), None);
     let m = refused(&as_role, "row-level security");
     assert!(m.contains("row-level security"), "{m}");
     drop(as_role);
