@@ -27,6 +27,14 @@ def read_request(f) -> tuple[str, bytes]:
     return first, f.read(length)
 
 
+def take_answered(conn: socket.socket, f, permit_id: int) -> str:
+    """Reads a permit take, answers it with `permit_id`; returns the key the take carried."""
+    line, body = read_request(f)
+    assert line == "POST /v1/permits HTTP/1.1", line
+    answer(conn, f'{{"permit_id": {permit_id}}}')
+    return json.loads(body)["key"]
+
+
 def answer(conn: socket.socket, body: str, status: str = "201 Created") -> None:
     conn.sendall(
         f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
@@ -54,10 +62,7 @@ class KeepAliveTest(unittest.TestCase):
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            line, body = read_request(f)
-            self.assertEqual(line, "POST /v1/permits HTTP/1.1")
-            key = json.loads(body)["key"]
-            answer(one, '{"permit_id": 1}')
+            key = take_answered(one, f, 1)
             one.shutdown(socket.SHUT_RDWR)
         closed.set()
         self.listener.settimeout(10)
@@ -83,10 +88,7 @@ class KeepAliveTest(unittest.TestCase):
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            line, body = read_request(f)
-            self.assertEqual(line, "POST /v1/permits HTTP/1.1")
-            answer(one, '{"permit_id": 1}')
-            key = json.loads(body)["key"]
+            key = take_answered(one, f, 1)
             self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/1?key={key} HTTP/1.1")
             one.shutdown(socket.SHUT_RDWR)
         t.join(10)

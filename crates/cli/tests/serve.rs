@@ -95,6 +95,20 @@ fn serve(dir: &Path) -> (Child, String) {
     (child, addr)
 }
 
+/// A new, empty database `name` on the test PostgreSQL (one a killed run left is dropped
+/// first): a connection to the server, to drop it at the end, and the database's URL.
+fn fresh_database(name: &str) -> (postgres::Client, String) {
+    let admin = std::env::var("LETHE_PG15_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mut pg = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .unwrap();
+    pg.batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+    (pg, url)
+}
+
 fn wait_job(op: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -224,14 +238,8 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
 /// runtime").
 #[test]
 fn sigterm_stops_the_server_cleanly_on_either_journal() {
-    let admin = std::env::var("LETHE_PG15_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let db = format!("lethe_cs_{}", std::process::id());
-    let mut pg = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
-    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db}"))
-        .unwrap();
-    pg.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+    let (mut pg, url) = fresh_database(&db);
     for journal in ["sqlite:lethe-journal.db".to_string(), url] {
         let dir = setup(&CONFIG.replace("sqlite:lethe-journal.db", &journal));
         let err = std::fs::File::create(dir.path().join("serve.err")).unwrap();
@@ -272,14 +280,8 @@ fn sigterm_stops_the_server_cleanly_on_either_journal() {
 #[test]
 fn a_stop_is_bounded_while_a_gate_call_waits_on_a_lock() {
     use std::io::{Read, Write};
-    let admin = std::env::var("LETHE_PG15_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let db = format!("lethe_cl_{}", std::process::id());
-    let mut pg = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
-    pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        .unwrap();
-    pg.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+    let (mut pg, url) = fresh_database(&db);
     let dir = setup(&CONFIG.replace("sqlite:lethe-journal.db", &url));
     let (mut child, addr) = serve(dir.path());
     let rt = Client::new(&addr, RUNTIME);
