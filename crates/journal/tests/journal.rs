@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lethe_core::keys::DeploymentKey;
 use lethe_core::{Basis, BlockedReason, MemoryId, Scope, Subject, Tenant, Version};
@@ -1122,6 +1122,19 @@ fn postgres_a_journal_whose_connection_was_closed_reconnects() {
          WHERE datname = current_database() AND application_name = 'lethe-journal') k",
     );
     assert_eq!(killed, 1, "the journal's one connection");
+    // pg_terminate_backend only signals: wait until the backend is gone, so the calls below
+    // meet a closed connection rather than one still closing.
+    let gone = Instant::now() + Duration::from_secs(10);
+    while st.count(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND application_name = 'lethe-journal'",
+    ) > 0
+    {
+        assert!(
+            Instant::now() < gone,
+            "the terminated backend is still there after 10 s"
+        );
+    }
     let _ = j.jobs(); // may meet the closed connection
     assert_eq!(j.jobs().expect("reconnected").len(), 1);
     job(&j, "del-b", subject_scope("acme", "bob"));
