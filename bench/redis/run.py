@@ -473,6 +473,7 @@ def main() -> int:
                 sc = res["server"]["scan"]
                 res["server_scan_calls"] = sc["calls"]
                 res["server_scan_us_per_call"] = sc["usec"] / sc["calls"] if sc["calls"] else None
+                res["server_scan_ms"] = sc["usec"] / 1000
                 cc = res.get("certificate_counts", {})
                 if cc and cc != {"session-cache": N_TARGET}:
                     res["problems"].append(f"certificate counts {cc}")
@@ -482,7 +483,8 @@ def main() -> int:
                 res = {"wall_s": wall, "peak_rss_kib": rss, "exit": rc, "m0": m0, "m1": m1, "problems": []}
                 try:
                     j = json.loads(out)
-                    res.update(step6_s=j["seconds"], check_s=j["check_seconds"], erased=j["unlinked"], scan_calls=j["scan_calls"])
+                    res.update(step6_s=j["seconds"], check_s=j["check_seconds"], erased=j["unlinked"], scan_calls=j["scan_calls"],
+                               server_scan_ms=j["server_scan_us"] / 1000)
                     res["m0"], res["m1"] = j["mono_start"], j["mono_end"]  # step 6 itself, not Python's start-up
                     if j["left"]:
                         res["problems"].append(f"step 8 count {j['left']}")
@@ -651,6 +653,9 @@ def main() -> int:
     scan_us = stats([r["server_scan_us_per_call"] for r in ok("lethe") if r.get("server_scan_us_per_call")])
     scan_calls = stats([r["server_scan_calls"] for r in ok("lethe") if r.get("server_scan_calls")])
     s6 = stats([r["step6_s"] for r in ok("step6")])
+    # Redis's own SCAN time per run: what one keyspace pass costs the server whatever the client.
+    scan_ms = {w: stats([r["server_scan_ms"] for r in ok(w) if r.get("server_scan_ms") is not None])
+               for w in scan_variants + ["step6"]}
     s6c = stats([r["step6_s"] + r["check_s"] for r in ok("step6")])
     s6w = stats([r["wall_s"] for r in ok("step6")])
     fw = stats([r["wall_s"] for r in ok("floor")])
@@ -722,6 +727,7 @@ def main() -> int:
                  "ratio_lethe_frozen_over_step6": lfw["median"] / s6["median"] if lfw and s6 else None,
                  "step6_in_process_s": s6, "step6_plus_step8_count_s": s6c, "step6_process_wall_s": s6w,
                  "floor_wall_s": fw, "lethe_server_scan_us_per_call": scan_us, "lethe_server_scan_calls": scan_calls,
+                 "server_scan_ms": scan_ms,
                  "ratio_lethe_over_floor": lw["median"] / fw["median"] if lw and fw else None,
                  "ratio_lethe_over_step6": lw["median"] / s6["median"] if lw and s6 else None,
                  "ratio_lethe_over_step6_plus_count": lw["median"] / s6c["median"] if lw and s6c else None},
@@ -758,7 +764,9 @@ def main() -> int:
                f"{result['scan']['ratio_lethe_frozen_over_step6']:.2f}x** |" if lfw and fw and s6 else "",
                "", "Lethe's phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in lph.items()),
                "Lethe's phases with verify = \"frozen\" (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in lfph.items()),
-               f"Lethe's SCANs as Redis timed them (INFO commandstats): {mm(scan_calls, 'calls', 0)}, {mm(scan_us, 'us each', 0)}.", ""]
+               f"Lethe's SCANs as Redis timed them (INFO commandstats): {mm(scan_calls, 'calls', 0)}, {mm(scan_us, 'us each', 0)}.",
+               "Redis's own SCAN time per run (INFO commandstats; step 6 without its step-8 count): "
+               + ", ".join(f"{w} {mm(v, 'ms', 0)}" for w, v in scan_ms.items() if v) + ".", ""]
     for what, s in lat_sum.items():
         pl = s["pooled"]
         md.append(f"GET with {what}, all rounds pooled: p99 quiet {pl['quiet_p99_ms']:.3f} ms (n={pl['quiet_n']}), during "

@@ -5,7 +5,9 @@ runbook.py times it (connection opened and pinged before the clock). With --chec
 Redis part of the runbook's step 8 (a second SCAN counting what is left), timed separately.
 
 Prints JSON: {"unlinked", "scan_calls", "seconds", "check_seconds", "left", "mono_start",
-"mono_end"} (CLOCK_MONOTONIC around step 6, for the latency windows).
+"mono_end", "server_scan_us"} (CLOCK_MONOTONIC around step 6, for the latency windows;
+server_scan_us: Redis's own time for step 6's SCANs, from INFO commandstats before and after,
+which is server-wide: nothing else sends SCAN during a benchmark run).
 
 Usage: step6.py PEER_DIR [--db 0] [--tenant t03 --user u0342] [--check]
 Runs with the venv's python (redis-py, and the peer's imports: langgraph, psycopg).
@@ -31,11 +33,19 @@ from common import REDIS_HOST, REDIS_PORT  # noqa: E402
 
 r = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=a.db)
 r.ping()
+
+
+def scan_usec() -> int:
+    return r.info("commandstats").get("cmdstat_scan", {}).get("usec", 0)
+
+
+u0 = scan_usec()
 m0 = time.monotonic()
 s = time.perf_counter()
 out = step6_redis(r, a.tenant, a.user)
 out["seconds"] = time.perf_counter() - s
 out["mono_start"], out["mono_end"] = m0, time.monotonic()
+out["server_scan_us"] = scan_usec() - u0
 if a.check:
     # What runbook.step8_verify does for Redis: a SCAN count of the same pattern.
     s = time.perf_counter()

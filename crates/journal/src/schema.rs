@@ -8,9 +8,12 @@ use crate::db::{Tx, V};
 /// 3: on PostgreSQL, frozen locators in `inventory_parts`; a Lethe of version 2 would find a
 /// job frozen by version 3 without locators. 4: a permit's `request_key` (a take sent again
 /// returns the permit its first sending registered; a keyed permit ends only with its key),
-/// and `lethe_gate_batch` and `lethe_end_permit` take the keys.
+/// and `lethe_gate_batch` and `lethe_end_permit` take the keys. 5: `lethe_gate_batch` refuses a
+/// take whose lease its first statement did not see even when it saw none (a version-4 process
+/// would put back the function that let it through unlocked, so it must not open a version-5
+/// store).
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
-const VERSION: i64 = 4;
+const VERSION: i64 = 5;
 
 /// Which SQL spelling of integer columns to use.
 #[derive(Clone, Copy)]
@@ -221,6 +224,9 @@ BEGIN
          locked AS (SELECT count(*) FILTER (WHERE pg_advisory_xact_lock_shared(o.c, o.key) IS NOT NULL) AS n
                       FROM (SELECT k.c, k.key FROM k ORDER BY k.c, k.key) o)
     SELECT array_agg(ls.lease_id) INTO seen FROM locked, ls;
+    -- No lease seen: array_agg gives NULL, and `p_lease = ANY(NULL)` is NULL, not false, which
+    -- would let a lease committed since through its checks with no lock held (version 5).
+    seen := COALESCE(seen, '{}');
     FOR n IN 1 .. COALESCE(array_length(p_leases, 1), 0) LOOP
         p_lease := p_leases[n];
         p_sink := p_sinks[n];

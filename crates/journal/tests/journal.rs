@@ -297,7 +297,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     // The migration recorded this Lethe's schema version; a store a newer Lethe migrated is
     // refused, with a message that says so, and left as it is.
     assert_eq!(
-        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '4'"),
+        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '5'"),
         1
     );
     st.raw("UPDATE lethe_meta SET v = 'newer' WHERE k = 'schema_fingerprint'");
@@ -305,7 +305,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     let e = Journal::open_url(&st.url(), std::path::Path::new(".")).unwrap_err();
     assert!(
         e.to_string()
-            .contains("schema is version 99, newer than this Lethe's (4)"),
+            .contains("schema is version 99, newer than this Lethe's (5)"),
         "{e}"
     );
     assert_eq!(
@@ -1139,6 +1139,116 @@ fn postgres_a_journal_whose_connection_was_closed_reconnects() {
     assert_eq!(j.jobs().expect("reconnected").len(), 1);
     job(&j, "del-b", subject_scope("acme", "bob"));
     assert_eq!(j.jobs().unwrap().len(), 2);
+}
+
+/// A permit batch whose first statement saw none of its leases (one committed just after that
+/// statement) took no scope lock: its take must be refused (`-1`), never checked and
+/// registered unlocked, where a freeze of the scope could commit beside it, miss the permit
+/// in its drain set, and erase while it was held (found by review). Made deterministic with
+/// locks: `tombstones` locked so the batch stops between its first statement and the take,
+/// and a permit row locked so it stops again before its commit, while the freeze runs.
+#[test]
+fn postgres_a_batch_that_saw_no_lease_takes_no_permit_unlocked() {
+    let st = Store::postgres();
+    let j = st.open();
+    let job_id = job(&j, "del-a", subject_scope("acme", "alice"));
+    let bob = j
+        .take_lease(NOW, &t("acme"), &s("bob"), &[], Duration::from_secs(3600))
+        .unwrap();
+    let x = j.take_permit(NOW, bob.id, Sink::Tool).unwrap();
+    let c = || {
+        let mut c = connect(&st.url()).unwrap();
+        c.batch_execute(
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        )
+        .unwrap();
+        c
+    };
+    let (mut a, mut hold_tombstones, mut hold_x, mut mon) = (c(), c(), c(), c());
+    // A: a lease of acme/alice, not yet committed.
+    a.batch_execute("BEGIN").unwrap();
+    let far = (NOW.unix_timestamp() + 3600) * 1000;
+    let lid: i64 = a
+        .query_one(
+            "SELECT lease_id FROM lethe_take_lease('acme', 'alice', $1, '[]')",
+            &[&far],
+        )
+        .unwrap()
+        .get(0);
+    hold_tombstones
+        .batch_execute("BEGIN; LOCK TABLE tombstones IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    hold_x
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM permits WHERE permit_id = {} FOR UPDATE",
+            x.id
+        ))
+        .unwrap();
+    // B, as `lethe serve` sends it: take a permit on A's lease, end X.
+    let mut b = c();
+    let b_pid: i32 = b.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let batch = std::thread::spawn(move || {
+        let r: Vec<i64> = b
+            .query_one(
+                "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &vec![lid],
+                    &vec!["tool"],
+                    &vec![None::<&str>],
+                    &(NOW.unix_timestamp() * 1000),
+                    &vec![x.id],
+                    &vec!["released"],
+                    &vec![None::<&str>],
+                ],
+            )
+            .unwrap()
+            .get(0);
+        r[0]
+    });
+    let mut waits_on = |locktype: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n: i64 = mon
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted AND locktype = $2",
+                    &[&b_pid, &locktype],
+                )
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the batch never waited on a {locktype} lock"
+            );
+        }
+    };
+    // B's first statement is done (it saw no lease); its take waits for `tombstones`.
+    waits_on("relation");
+    a.batch_execute("COMMIT").unwrap();
+    hold_tombstones.batch_execute("ROLLBACK").unwrap();
+    // B's take has run (now seeing A's lease) and B waits on X's row before its commit.
+    waits_on("transactionid");
+    let f = j.freeze(AT, &job_id, None).unwrap();
+    assert_eq!(
+        f.revoked_leases, 1,
+        "A's lease, committed before the freeze"
+    );
+    hold_x.batch_execute("ROLLBACK").unwrap();
+    let took = batch.join().unwrap();
+    assert_eq!(
+        took, -1,
+        "a take whose lease the batch's first statement did not see"
+    );
+    assert_eq!(
+        st.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {lid} AND state = 'active'"
+        )),
+        0,
+        "no permit of the frozen subject outside the freeze's drain set"
+    );
+    assert_eq!(j.undrained(&job_id).unwrap(), 0);
 }
 
 #[test]
