@@ -38,6 +38,9 @@ fn millis(t: OffsetDateTime) -> i64 {
     (t.unix_timestamp_nanos() / 1_000_000) as i64
 }
 
+/// Which leases a freeze affects.
+type Affects = Box<dyn Fn(&LeaseRec) -> bool>;
+
 struct LeaseRec {
     /// `key(tenant, subject)`.
     subject_key: String,
@@ -69,7 +72,7 @@ struct State {
     /// Tombstoned `(memory_id, version)` by subject key.
     tombstones: HashMap<String, HashSet<(String, String)>>,
     /// The permits each frozen job waits for.
-    drains: HashMap<String, Vec<i64>>,
+    drains: HashMap<String, HashSet<i64>>,
 }
 
 impl State {
@@ -253,9 +256,17 @@ impl MemoryGate {
             .ok_or(GateError::NoSuchLease)
     }
 
-    /// Closes the fence for a REQUESTED job: the journal's freeze (epoch or tombstone, fence,
-    /// `FenceClosed`) commits while this gate's lock is held, then the same change is applied
-    /// here: leases revoked, the active permits they hold recorded as the job's drain set.
+    /// Closes the fence for a REQUESTED job, here and in the journal, while this gate's lock is
+    /// held: leases revoked, the active permits they hold recorded as the job's drain set, then
+    /// the journal's freeze (epoch or tombstone, fence, `FenceClosed`).
+    ///
+    /// Here first: a freeze whose commit failed, or committed with its answer lost (a
+    /// PostgreSQL connection cut at the `COMMIT`), leaves this gate closed all the same, so
+    /// nothing is admitted while the journal may say FROZEN (found by review: the gate stayed
+    /// open, and the job went on to erase with permits and leases still granted). The job is
+    /// then run again: its freeze is tried again if the journal says REQUESTED, and applying
+    /// it here again changes nothing. If it never runs again, the scope stays closed in this
+    /// process until it restarts ([`MemoryGate::load`] reads the journal's fences).
     pub fn freeze(
         &self,
         journal: &Journal,
@@ -265,26 +276,35 @@ impl MemoryGate {
     ) -> Result<Freeze, JournalError> {
         let mut s = self.lock();
         let job = journal.job(job_id)?;
-        let mut f = journal.freeze(at, job_id, version)?;
         let tenant = job.scope.tenant().as_str();
         let tenant_key = key(tenant, "");
+        // The epoch the journal's freeze will bump, bumped here first (its next value: this
+        // gate holds the journal's epochs, and it is the journal's one authority); once a job,
+        // so a freeze tried again does not bump twice. The journal's answer then overrides it.
+        let again = s.fences.contains_key(job_id);
+        let bump = |s: &mut State, k: &str| {
+            if !again {
+                let e = s.epoch(k) + 1;
+                s.epochs.insert(k.to_string(), e);
+            }
+        };
         // Which leases the freeze affects.
-        let affected: Box<dyn Fn(&LeaseRec) -> bool> = match &job.scope {
+        let (epoch_key, affected): (Option<String>, Affects) = match &job.scope {
             lethe_core::Scope::Tenant { .. } => {
-                if let Some(e) = f.tenant_epoch {
-                    s.epochs.insert(tenant_key.clone(), e);
-                }
+                bump(&mut s, &tenant_key);
                 s.fence(job_id, tenant_key.clone());
                 let k = tenant_key.clone();
-                Box::new(move |l: &LeaseRec| l.tenant_key == k)
+                (
+                    Some(tenant_key.clone()),
+                    Box::new(move |l: &LeaseRec| l.tenant_key == k),
+                )
             }
             lethe_core::Scope::Subject { subject, .. } => {
                 let k = key(tenant, subject.as_str());
-                if let Some(e) = f.subject_epoch {
-                    s.epochs.insert(k.clone(), e);
-                }
+                bump(&mut s, &k);
                 s.fence(job_id, k.clone());
-                Box::new(move |l: &LeaseRec| l.subject_key == k)
+                let k2 = k.clone();
+                (Some(k), Box::new(move |l: &LeaseRec| l.subject_key == k2))
             }
             lethe_core::Scope::Memory {
                 subject, memory, ..
@@ -298,7 +318,10 @@ impl MemoryGate {
                     .entry(k.clone())
                     .or_default()
                     .insert(read.clone());
-                Box::new(move |l: &LeaseRec| l.subject_key == k && l.reads.contains(&read))
+                (
+                    None,
+                    Box::new(move |l: &LeaseRec| l.subject_key == k && l.reads.contains(&read)),
+                )
             }
         };
         let mut revoked = 0;
@@ -319,13 +342,17 @@ impl MemoryGate {
             .filter(|(_, lease)| hit.contains(lease))
             .map(|(p, _)| *p)
             .collect();
+        let drains = s.drains.entry(job_id.to_string()).or_default();
+        let before = drains.len();
+        drains.extend(drain);
+        let drained_here = (drains.len() - before) as u64;
+        let mut f = journal.freeze(at, job_id, version)?;
+        if let (Some(k), Some(e)) = (epoch_key, f.subject_epoch.or(f.tenant_epoch)) {
+            s.epochs.insert(k, e);
+        }
         // The journal counted none of these: they are not in its tables.
         f.revoked_leases += revoked;
-        f.permits_to_drain += drain.len() as u64;
-        s.drains
-            .entry(job_id.to_string())
-            .or_default()
-            .extend(drain);
+        f.permits_to_drain += drained_here;
         Ok(f)
     }
 

@@ -380,3 +380,192 @@ fn concurrent_permit_traffic_never_sees_a_permit_after_the_freeze(url: &str) {
         assert!(refused > 0);
     }
 }
+
+/// A TCP proxy to the server at `upstream` (`host:port`) that, once `armed`, cuts the
+/// connection at the next simple-query `COMMIT`: passed through first when `deliver` (a commit
+/// that happened, whose answer was lost), or never sent (the transaction rolls back).
+fn commit_cutter(upstream: String, armed: Arc<AtomicBool>, deliver: bool) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let client = client.unwrap();
+            let server = TcpStream::connect(&upstream).unwrap();
+            let cut = Arc::new(AtomicBool::new(false));
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (armed, cut_set) = (armed.clone(), cut.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                let commit = b"Q\0\0\0\x0bCOMMIT\0";
+                loop {
+                    let n = match c_in.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let hit =
+                        armed.load(SeqCst) && buf[..n].windows(commit.len()).any(|w| w == commit);
+                    if hit && !deliver {
+                        armed.store(false, SeqCst);
+                        let _ = s_out.shutdown(Shutdown::Both);
+                        let _ = c_in.shutdown(Shutdown::Both);
+                        break;
+                    }
+                    if s_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    if hit {
+                        armed.store(false, SeqCst);
+                        cut_set.store(true, SeqCst);
+                    }
+                }
+            });
+            let (mut c_out, mut s_in) = (client, server);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                loop {
+                    let n = match s_in.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    if cut.load(SeqCst) {
+                        let _ = c_out.shutdown(Shutdown::Both);
+                        let _ = s_in.shutdown(Shutdown::Both);
+                        break;
+                    }
+                    if c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The journal's freeze commits but its answer is lost (the connection cut at the `COMMIT`):
+/// the gate must be closed all the same, with the permit held from before in the job's drain
+/// set, and the job, run again from FROZEN, completes with the journal's epoch (found by
+/// review: the gate stayed open, granting permits and leases, and counted nothing to drain).
+#[test]
+fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
+    let db = TestDb::new(true);
+    let upstream = db
+        .url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(hostport, _)| hostport.to_string())
+        .unwrap();
+    let name = db.url.rsplit_once('/').unwrap().1.to_string();
+    let setup = open(&db.url);
+    let id = job(&setup, "del-a", subject_scope("acme", "alice"));
+    let armed = Arc::new(AtomicBool::new(false));
+    let port = commit_cutter(upstream, armed.clone(), true);
+    let j = open(&format!(
+        "postgres://postgres@127.0.0.1:{port}/{name}?sslmode=disable"
+    ));
+    let g = MemoryGate::load(&j).unwrap();
+    let lease = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+        .unwrap();
+    let held = g.take_permit(NOW, lease.id, Sink::Tool).unwrap();
+
+    armed.store(true, SeqCst);
+    assert!(
+        g.freeze(&j, AT, &id, None).is_err(),
+        "the freeze's answer was not cut"
+    );
+    assert_eq!(
+        setup.job(&id).unwrap().state,
+        lethe_core::JobState::Frozen,
+        "the journal committed the freeze"
+    );
+    assert_eq!(
+        g.take_permit(NOW, lease.id, Sink::Tool),
+        Err(GateError::Revoked)
+    );
+    assert_eq!(
+        g.take_lease(NOW, &t("acme"), &s("alice"), &[], TTL).err(),
+        Some(GateError::Fenced)
+    );
+    assert_eq!(
+        g.undrained(&id),
+        1,
+        "the permit held from before the freeze"
+    );
+    // Another subject is untouched.
+    let bob = g.take_lease(NOW, &t("acme"), &s("bob"), &[], TTL).unwrap();
+    assert!(g.take_permit(NOW, bob.id, Sink::Tool).is_ok());
+
+    g.release_permit(held.id).unwrap();
+    assert_eq!(g.undrained(&id), 0);
+    complete(&j, &g, &id);
+    let after = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+        .unwrap();
+    assert_eq!(after.epoch, 1, "the journal's epoch after the erasure");
+    assert_eq!(
+        MemoryGate::load(&j)
+            .unwrap()
+            .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+            .unwrap()
+            .epoch,
+        1
+    );
+}
+
+/// The journal's freeze fails before its commit (the connection cut as `COMMIT` leaves): the
+/// gate is closed all the same, and the job's freeze tried again commits, with the epoch bumped
+/// once, not twice.
+#[test]
+fn postgres_a_freeze_that_failed_before_its_commit_is_tried_again_once() {
+    let db = TestDb::new(true);
+    let upstream = db
+        .url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .map(|(hostport, _)| hostport.to_string())
+        .unwrap();
+    let name = db.url.rsplit_once('/').unwrap().1.to_string();
+    let setup = open(&db.url);
+    let id = job(&setup, "del-a", subject_scope("acme", "alice"));
+    let armed = Arc::new(AtomicBool::new(false));
+    let port = commit_cutter(upstream, armed.clone(), false);
+    let j = open(&format!(
+        "postgres://postgres@127.0.0.1:{port}/{name}?sslmode=disable"
+    ));
+    let g = MemoryGate::load(&j).unwrap();
+    let lease = g
+        .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+        .unwrap();
+    let held = g.take_permit(NOW, lease.id, Sink::Tool).unwrap();
+
+    armed.store(true, SeqCst);
+    assert!(
+        g.freeze(&j, AT, &id, None).is_err(),
+        "the commit was not cut"
+    );
+    assert_eq!(
+        setup.job(&id).unwrap().state,
+        lethe_core::JobState::Requested,
+        "the journal rolled the freeze back"
+    );
+    assert_eq!(
+        g.take_lease(NOW, &t("acme"), &s("alice"), &[], TTL).err(),
+        Some(GateError::Fenced),
+        "closed here while the journal's freeze is unsure"
+    );
+    let f = g.freeze(&j, AT, &id, None).unwrap();
+    assert_eq!(f.subject_epoch, Some(1));
+    assert_eq!(g.undrained(&id), 1);
+    g.release_permit(held.id).unwrap();
+    complete(&j, &g, &id);
+    assert_eq!(
+        g.take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
+            .unwrap()
+            .epoch,
+        1,
+        "bumped once"
+    );
+}
