@@ -195,7 +195,11 @@ class GateClient:
             key = self._permit_keys.get(permit_id)
         query = "" if key is None else "?" + urllib.parse.urlencode({"key": key})
         try:
-            self._call("POST" if suffix else "DELETE", f"/v1/permits/{permit_id}{suffix}{query}", expect=(200, 204))
+            # A keyed end goes once more after a lost answer or a 503 (its key names this take's
+            # permit and nothing else); no_such_permit to that second sending means the first
+            # ended it. An unkeyed one goes once: a second sending could not tell them apart.
+            self._call("POST" if suffix else "DELETE", f"/v1/permits/{permit_id}{suffix}{query}", expect=(200, 204),
+                       resend=key is not None, ended_on_resend=key is not None)
         except NoSuchPermit:
             self._forget(permit_id)
             raise
@@ -299,10 +303,12 @@ class GateClient:
         body: Any = None,
         expect: tuple[int, ...] = (200,),
         resend: bool | None = None,
+        ended_on_resend: bool = False,
     ) -> Any:
         """One request. ``resend``: it may go once more after a lost answer (a read, a keyed
-        permit take, a renewal: a second sending changes nothing the first did not); by default
-        only a GET may."""
+        permit take or end, a renewal: a second sending changes nothing the first did not); by
+        default only a GET may. ``ended_on_resend``: a ``no_such_permit`` answer to the second
+        sending means the first one ended the permit, and is success."""
         if resend is None:
             resend = method == "GET"
         if self._closed:
@@ -353,6 +359,8 @@ class GateClient:
                 code, message = err.get("error"), err.get("message")
         except ValueError:
             pass
+        if ended_on_resend and attempt == 2 and resp.status == 404 and code == "no_such_permit":
+            return None
         raise error_for(resp.status, code, message)
 
 

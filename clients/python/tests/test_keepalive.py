@@ -1,6 +1,6 @@
 """The client's keep-alive rules against a scripted server on a real socket: a connection the
-server closed is replaced before a request is sent; a lost answer makes a keyed permit take go
-again with its key, and nothing else that may have been acted on (a release)."""
+server closed is replaced before a request is sent; a lost answer makes a keyed permit take or
+end go again with its key, and nothing else that may have been acted on (an unkeyed end)."""
 
 from __future__ import annotations
 
@@ -74,13 +74,35 @@ class KeepAliveTest(unittest.TestCase):
             t.join(10)
         self.assertEqual(results, [1, None])
 
-    def test_a_release_cut_after_it_was_sent_is_not_sent_again(self):
+    def test_a_keyed_release_cut_after_it_was_sent_goes_again_and_no_such_permit_then_means_done(self):
         results: list = []
 
         def run() -> None:
             results.append(self.client.take_permit(7, "tool"))
+            results.append(self.client.release_permit(1))
+
+        t = threading.Thread(target=run)
+        t.start()
+        gone = '{"error": "no_such_permit", "message": "no active permit 1"}'
+        one, _ = self.listener.accept()
+        with one, one.makefile("rb") as f:
+            key = take_answered(one, f, 1)
+            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/1?key={key} HTTP/1.1")
+            one.shutdown(socket.SHUT_RDWR)
+        self.listener.settimeout(10)
+        two, _ = self.listener.accept()
+        with two, two.makefile("rb") as f:
+            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/1?key={key} HTTP/1.1", "sent again")
+            answer(two, gone, "404 Not Found")
+            t.join(10)
+        self.assertEqual(results, [1, None], "the first sending ended it")
+
+    def test_an_unkeyed_release_cut_after_it_was_sent_is_not_sent_again(self):
+        results: list = []
+
+        def run() -> None:
             try:
-                results.append(self.client.release_permit(1))
+                results.append(self.client.release_permit(1))  # not taken by this client: no key
             except Unavailable as e:
                 results.append(e)
 
@@ -88,16 +110,34 @@ class KeepAliveTest(unittest.TestCase):
         t.start()
         one, _ = self.listener.accept()
         with one, one.makefile("rb") as f:
-            key = take_answered(one, f, 1)
-            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/1?key={key} HTTP/1.1")
+            self.assertEqual(read_request(f)[0], "DELETE /v1/permits/1 HTTP/1.1")
             one.shutdown(socket.SHUT_RDWR)
         t.join(10)
         self.assertFalse(t.is_alive(), "the client waits on a resent request")
-        self.assertEqual(results[0], 1)
-        self.assertIsInstance(results[1], Unavailable)
+        self.assertIsInstance(results[0], Unavailable)
         self.listener.setblocking(False)
         with self.assertRaises(BlockingIOError, msg="the release was sent again on a new connection"):
             self.listener.accept()
+
+    def test_no_such_permit_to_a_first_sending_is_an_error(self):
+        errors: list = []
+
+        def run() -> None:
+            self.client.take_permit(7, "tool")
+            try:
+                self.client.release_permit(1)
+            except lethe_gate.NoSuchPermit as e:
+                errors.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        one, _ = self.listener.accept()
+        with one, one.makefile("rb") as f:
+            take_answered(one, f, 1)
+            read_request(f)
+            answer(one, '{"error": "no_such_permit", "message": "m"}', "404 Not Found")
+            t.join(10)
+        self.assertEqual(len(errors), 1)
 
     def test_a_permit_take_cut_after_it_was_sent_goes_again_with_its_key(self):
         results: list = []
@@ -122,7 +162,7 @@ class KeepAliveTest(unittest.TestCase):
         self.assertEqual(results, [5, 6])
 
 
-    def test_a_keyed_take_goes_again_after_a_timeout_or_a_503_and_a_release_not(self):
+    def test_a_keyed_take_or_release_goes_again_after_a_timeout_or_a_503_once(self):
         port = self.listener.getsockname()[1]
         client = lethe_gate.GateClient(f"http://127.0.0.1:{port}", "t", watch=False, timeout=0.5)
         self.addCleanup(client.close)
@@ -151,13 +191,14 @@ class KeepAliveTest(unittest.TestCase):
             answer(two, '{"error": "unavailable", "message": "m"}', "503 Service Unavailable")
             self.assertEqual(json.loads(read_request(f)[1])["key"], key, "sent again after a 503")
             answer(two, '{"permit_id": 5}')
-            self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/5?key={key} HTTP/1.1")
-            answer(two, '{"error": "unavailable", "message": "m"}', "503 Service Unavailable")
+            for _ in range(2):  # the release, and the release sent again after its 503
+                self.assertEqual(read_request(f)[0], f"DELETE /v1/permits/5?key={key} HTTP/1.1")
+                answer(two, '{"error": "unavailable", "message": "m"}', "503 Service Unavailable")
             t.join(10)
         self.assertEqual(results[:2], [4, 5])
         self.assertIsInstance(results[2], Unavailable)
         self.listener.setblocking(False)
-        with self.assertRaises(BlockingIOError, msg="the release was sent again"):
+        with self.assertRaises(BlockingIOError, msg="the release was sent a third time"):
             self.listener.accept()
 
 

@@ -13,6 +13,12 @@
 //! ```
 //!
 //! The protocol is documented in the server's OpenAPI document (`GET /v1/openapi.json`).
+//!
+//! After a lost answer (the connection cut, a timeout) or a 503, a request is sent once more
+//! only if a second sending changes nothing the first did not: a read, a lease renewal, a
+//! permit take (it carries a random key, and the gate returns the permit its first sending
+//! registered), and the end of a keyed permit (`no_such_permit` to the second sending means the
+//! first ended it). Anything else is reported to the caller.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -211,18 +217,37 @@ impl Client {
 
     /// The boundary ended normally.
     pub fn release_permit(&self, permit: Permit) -> Result<()> {
-        self.call("DELETE", &format!("/v1/permits/{}", permit.target()), None)
-            .map(drop)
+        self.end_permit(
+            "DELETE",
+            &format!("/v1/permits/{}", permit.target()),
+            &permit,
+        )
     }
 
     /// The run aborted the work the permit covered (after a revocation).
     pub fn confirm_cancelled(&self, permit: Permit) -> Result<()> {
-        let (id, query) = match &permit.key {
-            Some(k) => (permit.id, format!("?key={k}")),
-            None => (permit.id, String::new()),
+        let path = match &permit.key {
+            Some(k) => format!("/v1/permits/{}/cancelled?key={k}", permit.id),
+            None => format!("/v1/permits/{}/cancelled", permit.id),
         };
-        self.call("POST", &format!("/v1/permits/{id}/cancelled{query}"), None)
-            .map(drop)
+        self.end_permit("POST", &path, &permit)
+    }
+
+    /// Ends a permit. A keyed one is sent once more after a lost answer or a 503 (its key names
+    /// this take's permit and nothing else), and `no_such_permit` to that second sending means
+    /// the first ended it. An unkeyed one is sent once: a second sending could not tell the
+    /// two apart. Before, a release whose answer was lost stayed active if it had not arrived,
+    /// and its erasure stayed BLOCKED until an operator confirmed the cancellation.
+    fn end_permit(&self, method: &str, path: &str, permit: &Permit) -> Result<()> {
+        match self.send_counted(method, path, None, permit.key.is_some()) {
+            (
+                Err(Error::Refused {
+                    status: 404, code, ..
+                }),
+                true,
+            ) if code == "no_such_permit" => Ok(()),
+            (r, _) => r.map(drop),
+        }
     }
 
     /// Whether the lease was revoked.
@@ -288,11 +313,35 @@ impl Client {
     /// read, a keyed permit take, a renewal), since a second sending changes nothing the first
     /// did not.
     fn send(&self, method: &str, path: &str, body: Option<&Value>, resend: bool) -> Result<Value> {
+        self.send_counted(method, path, body, resend).0
+    }
+
+    /// [`Client::send`], and whether the answer is to a second sending.
+    fn send_counted(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        resend: bool,
+    ) -> (Result<Value>, bool) {
+        let mut twice = false;
+        let answer = self.send_inner(method, path, body, resend, &mut twice);
+        (answer, twice)
+    }
+
+    fn send_inner(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        resend: bool,
+        twice: &mut bool,
+    ) -> Result<Value> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         // A kept-alive connection the server has closed meanwhile (its idle timeout, a restart)
         // is found before the request is sent, never after: a request that may have been acted
-        // on (a permit registered, a release) is never sent twice.
+        // on (a permit registered, a release) is sent twice only when that is safe.
         // One idle past half the server's idle timeout is replaced too: the server may be
         // closing it just as the request leaves, which no look at the socket can see.
         if guard
@@ -302,6 +351,7 @@ impl Client {
             *guard = None;
         }
         for attempt in 0..2 {
+            *twice = attempt > 0;
             let fresh = guard.is_none();
             if fresh {
                 let s = TcpStream::connect(&self.addr)?;
@@ -538,8 +588,8 @@ impl Revocations {
 #[cfg(test)]
 mod tests {
     //! The keep-alive rules against a scripted server on a real socket: a connection the server
-    //! closed is replaced before a request is sent; a lost answer makes a keyed permit take
-    //! go again with its key, and nothing else that may have been acted on.
+    //! closed is replaced before a request is sent; a lost answer makes a keyed permit take or
+    //! end go again with its key, and nothing else that may have been acted on.
 
     use super::*;
     use std::io::Read;
@@ -621,11 +671,11 @@ mod tests {
         runner.join().unwrap();
     }
 
-    /// The server read a release and closed the connection without an answer: the client
-    /// reports it and does not send it again (a second sending would answer `no_such_permit`
-    /// for a release that worked, or end a permit the caller no longer meant).
+    /// The server read the release of a permit taken without a key and closed the connection
+    /// without an answer: the client reports it and does not send it again (a second sending's
+    /// `no_such_permit` could not tell a release that worked from a wrong id).
     #[test]
-    fn a_release_cut_after_it_was_sent_is_not_sent_again() {
+    fn an_unkeyed_release_cut_after_it_was_sent_is_not_sent_again() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
         let (done_tx, done_rx) = mpsc::channel();
@@ -681,10 +731,52 @@ mod tests {
         assert_eq!((first.unwrap(), second.unwrap()), (5, 6));
     }
 
-    /// A 503 (the control store did not answer, maybe after the commit) makes a keyed take go
-    /// once more with its key; a release answered 503 is reported, not sent again.
+    /// A keyed release whose answer was lost goes once more, with its key: `no_such_permit` to
+    /// that second sending means the first ended the permit, and the release succeeds; one
+    /// answered so the first time is an error.
     #[test]
-    fn a_503_sends_a_keyed_take_again_and_a_release_not() {
+    fn a_keyed_release_cut_after_it_was_sent_goes_again_and_no_such_permit_then_means_done() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let permit = Permit {
+            id: 4,
+            key: Some("k4".into()),
+        };
+        let (p1, p2) = (permit.clone(), permit.clone());
+        let runner = std::thread::spawn(move || {
+            let first = client.release_permit(p1);
+            let second = client.confirm_cancelled(p2);
+            (first, second)
+        });
+        let gone = r#"{"error": "no_such_permit", "message": "no active permit 4"}"#;
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        assert_eq!(
+            read_request(&mut one).0,
+            "DELETE /v1/permits/4?key=k4 HTTP/1.1"
+        );
+        cut(one);
+        let mut two = BufReader::new(listener.accept().unwrap().0);
+        assert_eq!(
+            read_request(&mut two).0,
+            "DELETE /v1/permits/4?key=k4 HTTP/1.1",
+            "sent again with its key"
+        );
+        answer(&mut two, "404 Not Found", gone);
+        // The same answer to a first sending is the caller's to see.
+        assert_eq!(
+            read_request(&mut two).0,
+            "POST /v1/permits/4/cancelled?key=k4 HTTP/1.1"
+        );
+        answer(&mut two, "404 Not Found", gone);
+        let (first, second) = runner.join().unwrap();
+        assert!(first.is_ok(), "{first:?}");
+        assert_eq!(second.unwrap_err().code(), Some("no_such_permit"));
+    }
+
+    /// A 503 (the control store did not answer, maybe after the commit) makes a keyed take or
+    /// end go once more with its key.
+    #[test]
+    fn a_503_sends_a_keyed_take_or_release_again() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
         let runner = std::thread::spawn(move || {
@@ -702,11 +794,41 @@ mod tests {
         assert_eq!(key_of(&body), key, "sent again with its key");
         answer(&mut one, "201 Created", r#"{"permit_id": 3}"#);
         let (line, _) = read_request(&mut one);
-        assert!(line.starts_with("DELETE /v1/permits/3?key="), "{line}");
+        assert_eq!(line, format!("DELETE /v1/permits/3?key={key} HTTP/1.1"));
         answer(&mut one, "503 Service Unavailable", unavailable);
+        let (again, _) = read_request(&mut one);
+        assert_eq!(again, line, "sent again with its key");
+        answer(&mut one, "204 No Content", "");
         let (taken, released) = runner.join().unwrap();
         assert_eq!(taken.id, 3);
-        assert_eq!(released.unwrap_err().code(), Some("unavailable"));
+        assert!(released.is_ok(), "{released:?}");
+    }
+
+    /// A release answered 503 twice is reported: sent twice, not more.
+    #[test]
+    fn a_release_answered_503_twice_is_reported() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let runner = std::thread::spawn(move || {
+            client.release_permit(Permit {
+                id: 3,
+                key: Some("k".into()),
+            })
+        });
+        let unavailable =
+            r#"{"error": "unavailable", "message": "the control store did not answer"}"#;
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        for _ in 0..2 {
+            assert_eq!(
+                read_request(&mut one).0,
+                "DELETE /v1/permits/3?key=k HTTP/1.1"
+            );
+            answer(&mut one, "503 Service Unavailable", unavailable);
+        }
+        assert_eq!(
+            runner.join().unwrap().unwrap_err().code(),
+            Some("unavailable")
+        );
         // Nothing more was sent: the connection has no byte waiting (the client, dropped, has
         // closed it, or it is idle).
         one.get_ref().set_nonblocking(true).unwrap();
@@ -715,7 +837,7 @@ mod tests {
         assert!(
             matches!(more, Ok(0))
                 || matches!(&more, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-            "the release was sent again: {more:?}"
+            "the release was sent a third time: {more:?}"
         );
         listener.set_nonblocking(true).unwrap();
         assert!(listener.accept().is_err(), "or on a new connection");
