@@ -819,6 +819,41 @@ fn a_hold_added_after_a_crash_stops_the_interrupted_job_until_released() {
     }
 }
 
+/// A hold placed while a job runs (between two of its erase batches) stops it before its next
+/// batch: exit 4, the rest of the scope's rows kept; released, the job finishes as inventoried
+/// (found by review: the run went on and erased the held rows, since holds were checked only
+/// when a run started).
+#[test]
+fn a_hold_placed_while_a_job_runs_stops_it_before_its_next_batch() {
+    let env = Env::new(1);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    let mut child = pause_at(&env, "after-batch-journal:checkpoints:1");
+    assert_eq!(code(&hold_alice(&env, "matter 8")), 0);
+    let held_at = env.inventory("acme", "alice");
+    assert!(held_at["checkpoints"]["count"].as_u64().unwrap() > 0);
+    std::fs::remove_file(env.path().join("paused")).unwrap(); // let the run go on
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "the running job stopped on the hold"
+    );
+    assert_eq!(
+        env.inventory("acme", "alice")["checkpoints"],
+        held_at["checkpoints"],
+        "no checkpoint batch after the hold"
+    );
+    assert_eq!(env.others_rows(), others);
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    let job = jobs[0]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(jobs[0]["state"], "DELETING", "{jobs}");
+    let release = ["hold", "release", "--tenant", "acme", "--subject", "alice"];
+    assert_eq!(code(&env.run(&release)), 0);
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    completed_as_inventoried(&env, c, &out, &inv, &others);
+}
+
 /// The certificate file is written after the journal's COMPLETE, never before: a run killed
 /// between the two leaves no file, and running the job again writes it from the journal, signed
 /// and verifiable. A run killed just before completing leaves no signed file either.

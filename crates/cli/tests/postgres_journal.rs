@@ -166,3 +166,73 @@ fn a_second_process_cannot_run_a_claimed_job_and_picks_it_up_when_its_runner_die
     let (c, _, _) = env.json(&["journal", "verify", "--json"]);
     assert_eq!(c, 0);
 }
+
+/// A runner whose claim was lost mid-erase (its claim's connection ended, as a firewall's idle
+/// timeout ends it) and that another process finished the job after, erases nothing more when
+/// it goes on: before its next batch it finds its claim gone and stops. Found by review: it
+/// kept erasing its frozen locators, and deleted rows the application had written since the
+/// other process completed the job.
+#[test]
+fn a_runner_that_lost_its_claim_erases_nothing_more() {
+    let env = Env::new(1);
+    let marker = env.dir.path().join("paused");
+    let mut first = env
+        .cmd(&ERASE)
+        .env("LETHE_TEST_PAUSE_AT", "after-batch-journal:checkpoints:1")
+        .env("LETHE_TEST_PAUSE_FILE", &marker)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marker.exists() {
+        assert!(first.try_wait().unwrap().is_none(), "process 1 ended early");
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::yield_now();
+    }
+    // The claim is a connection of the job's database idle in a transaction (so is the one
+    // opened ahead for a next claim).
+    let url = format!("{}/{}", env.admin.rsplit_once('/').unwrap().0, env.db);
+    let mut pg = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let ended: i64 = pg
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND state = 'idle in transaction') k",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(ended >= 1, "process 1's claim");
+    // Another process takes the job over and completes it.
+    let (c, done, err) = env.json(&["work", "--json"]);
+    assert_eq!(c, 0, "{done} {err}");
+    assert_eq!(done[0]["state"], "COMPLETE", "{done}");
+    // The application writes the person's threads again (here: the fixture's rows put back).
+    let memory = env.dir.path().join("memory");
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/langgraph-sqlite/checkpoints.db");
+    let db = rusqlite::Connection::open(memory.join("checkpoints.db")).unwrap();
+    db.execute("ATTACH DATABASE ?1 AS fx", [fx.to_str().unwrap()])
+        .unwrap();
+    let back = db
+        .execute(
+            "INSERT OR IGNORE INTO main.checkpoints SELECT * FROM fx.checkpoints",
+            [],
+        )
+        .unwrap();
+    assert!(back > 0);
+    let rows = || -> i64 {
+        db.query_row("SELECT count(*) FROM main.checkpoints", [], |r| r.get(0))
+            .unwrap()
+    };
+    let before = rows();
+    // Process 1 goes on: it must stop, not erase.
+    std::fs::remove_file(&marker).unwrap();
+    let out = first.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(rows(), before, "process 1 erased after losing its claim: {err}");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("lost its claim"), "{err}");
+    let (c, _, _) = env.json(&["journal", "verify", "--json"]);
+    assert_eq!(c, 0);
+}

@@ -1,6 +1,7 @@
 //! The state loop: each state's work, journaled before it acts, idempotent on resume.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use lethe_adapters::{AdapterError, Applicability, Fence, Guard, Locator, Target};
@@ -73,9 +74,10 @@ impl Engine {
     fn pause_point(&self, opts: &RunOptions, point: &str) {
         if let Some((at, marker)) = &opts.pause_at {
             if at == point {
+                // Hangs until a test kills the process, or removes the marker to let it go on.
                 let _ = std::fs::write(marker, point);
-                loop {
-                    self.clock.sleep(Duration::from_secs(3600));
+                while std::path::Path::new(marker).exists() {
+                    self.clock.sleep(Duration::from_millis(10));
                 }
             }
         }
@@ -336,14 +338,14 @@ impl Engine {
             self.refuse_if_targets_missing(job_id)?;
             self.refuse_if_job_held(&job)?;
         }
+        let claim = Mutex::new(claim);
         loop {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));
             // Each step starts under a claim that still holds; the steps are idempotent, and a
             // second runner's transitions would be refused, but its adapters' work would not.
-            if job.state != JobState::Complete && !claim.holds() {
-                tracing::warn!(job = %job_id, "Lost the claim on the job; stopping.");
-                return Err(EngineError::ClaimLost(job_id.to_string()));
+            if job.state != JobState::Complete {
+                self.refuse_if_claim_lost(job_id, &claim)?;
             }
             let step = match job.state {
                 JobState::Complete => {
@@ -352,7 +354,7 @@ impl Engine {
                 }
                 JobState::Requested => self.step_requested(&job)?,
                 JobState::Frozen => self.step_frozen(&job, opts, progress)?,
-                JobState::Deleting => self.step_deleting(&job, opts, progress)?,
+                JobState::Deleting => self.step_deleting(&job, opts, progress, &claim)?,
                 JobState::Verifying => self.step_verifying(&job, opts, progress)?,
                 JobState::Blocked => self.step_resume(&job, opts, progress)?,
             };
@@ -360,6 +362,31 @@ impl Engine {
                 return self.outcome(job_id);
             }
         }
+    }
+
+    /// [`EngineError::ClaimLost`] once this process's claim on the job no longer holds.
+    fn refuse_if_claim_lost(
+        &self,
+        job_id: &str,
+        claim: &Mutex<&mut Claim>,
+    ) -> Result<(), EngineError> {
+        if claim.lock().unwrap_or_else(|p| p.into_inner()).holds() {
+            return Ok(());
+        }
+        tracing::warn!(job = %job_id, "Lost the claim on the job; stopping.");
+        Err(EngineError::ClaimLost(job_id.to_string()))
+    }
+
+    /// Before each batch a target erases: the claim still holds, and no legal hold covers the
+    /// job now. Found by review: a hold placed while a job ran (after its last check, at the
+    /// start of the run) did not stop it, and its held rows were erased; a runner whose claim
+    /// was lost mid-erase (its connection cut, another process resuming the job) kept erasing,
+    /// after that process completed the job too. Either stops the run where it is, touching
+    /// nothing more: a hold until it is released (exit 4), a lost claim for the process that
+    /// holds it now.
+    fn may_erase(&self, job: &JobRecord, claim: &Mutex<&mut Claim>) -> Result<(), EngineError> {
+        self.refuse_if_claim_lost(&job.job_id, claim)?;
+        self.refuse_if_job_held(job)
     }
 
     /// Refuses a job whose row or progress differs from what its chain entries record.
@@ -618,6 +645,7 @@ impl Engine {
         t: &Target,
         opts: &RunOptions,
         report: &dyn Fn(Progress),
+        claim: &Mutex<&mut Claim>,
     ) -> Result<Option<AdapterError>, EngineError> {
         let (inventoried, erased, _) = self.journal.progress(&job.job_id, &t.name)?;
         if erased.is_some() {
@@ -658,6 +686,7 @@ impl Engine {
         };
         let batches_len = batches.len();
         for (i, batch) in batches.into_iter().enumerate() {
+            self.may_erase(job, claim)?;
             let rows = match t.adapter.erase_batch(&scope, batch) {
                 Ok(n) => n,
                 Err(e) => return Ok(Some(e)),
@@ -703,6 +732,7 @@ impl Engine {
         job: &JobRecord,
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
+        claim: &Mutex<&mut Claim>,
     ) -> Result<Step, EngineError> {
         // A job resumed from a block in FROZEN may not have every inventory yet.
         if let Step::Blocked = self.take_inventories(job, progress)? {
@@ -712,7 +742,7 @@ impl Engine {
         // configuration order, and what the others erased stays journaled.
         let targets = self.targets.iter().collect();
         let done = self.each_target(targets, progress, |t, report| {
-            self.erase_target(job, t, opts, report)
+            self.erase_target(job, t, opts, report, claim)
         });
         for (t, r) in done {
             if let Some(e) = r? {
