@@ -166,6 +166,17 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
             Ok(entry) => {
                 if let Some(job) = &job {
                     facts.entry(job.clone()).or_default().add(&at, &entry);
+                    // A COMPLETE job is final: nothing of it comes after (a runner that lost its
+                    // claim and went on erasing would leave such an entry; review).
+                    // (`completed` itself, with the certificate, follows the verification
+                    // that made the job COMPLETE.)
+                    if states.get(job) == Some(&JobState::Complete)
+                        && !matches!(entry, Entry::Completed { .. })
+                    {
+                        problems.push(format!(
+                            "entry {seq}: job {job} has an entry ({kind}) after it completed"
+                        ));
+                    }
                 }
                 if let (Some(job), Entry::JobRequested { .. }) = (&job, &entry) {
                     states.insert(job.clone(), JobState::Requested);

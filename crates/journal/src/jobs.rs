@@ -131,6 +131,12 @@ pub(crate) fn load_job(tx: &mut dyn Tx, job_id: &str) -> Result<JobRecord> {
 pub(crate) fn apply(tx: &mut dyn Tx, at: &str, job_id: &str, entry: &Entry) -> Result<JobState> {
     let job = load_job(tx, job_id)?;
     let mut state = job.state;
+    // A COMPLETE job is final: nothing of it is journaled after its `completed` (a runner that
+    // lost its claim mid-erase, going on after another process completed the job, is refused
+    // here too; review).
+    if state == JobState::Complete && !matches!(entry, Entry::Completed { .. }) {
+        return Err(JournalError::Final(job_id.to_string()));
+    }
     if let Some(ev) = entry.event() {
         state = transition(job.state, ev).map_err(|source| JournalError::Transition {
             job: job_id.to_string(),

@@ -57,6 +57,9 @@ pub enum JournalError {
     /// No job with this id.
     #[error("no job {0}")]
     NoSuchJob(String),
+    /// The job is COMPLETE: nothing more is journaled for it.
+    #[error("job {0} is COMPLETE: nothing more is journaled for it")]
+    Final(String),
     /// The job's state does not allow the event: an engine bug or a tampered journal.
     #[error("job {job}: {source}")]
     Transition {

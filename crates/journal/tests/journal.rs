@@ -147,6 +147,7 @@ macro_rules! both {
 }
 
 both!(
+    an_entry_after_completion_is_refused,
     intact_chain_verifies_and_replays_jobs,
     detects_an_edited_entry,
     detects_reordered_entries,
@@ -753,6 +754,29 @@ fn memory_scope_revokes_only_leases_that_read_that_version(st: Store) {
         j.take_permit(NOW, late.id, Sink::Tool),
         Err(JournalError::Gate(GateError::Tombstoned))
     ));
+}
+
+/// Nothing of a COMPLETE job is journaled after its completion: an erase batch after it (a
+/// runner that lost its claim and went on) is refused (review). `journal verify` also reports
+/// such an entry, which a Lethe before this check could write.
+fn an_entry_after_completion_is_refused(st: Store) {
+    let j = st.open();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    j.freeze(AT, &a, None).unwrap();
+    j.record(AT, &a, &Entry::Drained).unwrap();
+    j.record(AT, &a, &Entry::TargetsErased).unwrap();
+    j.complete(AT, &a, &serde_json::json!({"test": true}))
+        .unwrap();
+    assert!(j.verify_chain().unwrap().is_intact());
+    // The journal refuses it, and the chain stays as it was.
+    let late = Entry::BatchErased {
+        target: "memories".into(),
+        locators: 1,
+        rows: 1,
+    };
+    let e = j.record(AT, &a, &late).unwrap_err();
+    assert!(e.to_string().contains("is COMPLETE"), "{e}");
+    assert!(j.verify_chain().unwrap().is_intact());
 }
 
 fn a_lease_from_an_old_epoch_is_stale_after_completion(st: Store) {
