@@ -879,6 +879,25 @@ fn a_signed_certificate_file_exists_only_for_a_complete_job() {
     assert_eq!(written, journaled, "the journal's certificate");
 }
 
+/// `work` writes the certificate file of a job killed between its COMPLETE and the file (review:
+/// only a `resume` naming the job did, and `work` said there was nothing to do).
+#[test]
+fn work_writes_the_missing_certificate_file_of_a_complete_job() {
+    let env = Env::new(500);
+    let job = kill_at(&env, "before-certificate-file");
+    let file = env.path().join("certificates").join(format!("{job}.json"));
+    assert!(!file.exists());
+    let (c, out) = env.json(&["work", "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out[0]["job_id"], job.as_str(), "{out}");
+    assert_eq!(out[0]["state"], "COMPLETE", "{out}");
+    let verified = env.run(&["certificate", "verify", file.to_str().unwrap()]);
+    assert_eq!(code(&verified), 0, "{}", stderr(&verified));
+    // Written once: the next `work` has nothing to do.
+    let (c, again) = env.json(&["work", "--json"]);
+    assert_eq!((c, again.as_array().map(Vec::len)), (0, Some(0)), "{again}");
+}
+
 #[test]
 fn a_run_killed_at_any_point_resumes_to_the_same_certificate_counts() {
     for (i, point) in [

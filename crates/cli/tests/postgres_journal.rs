@@ -230,7 +230,11 @@ fn a_runner_that_lost_its_claim_erases_nothing_more() {
     std::fs::remove_file(&marker).unwrap();
     let out = first.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(rows(), before, "process 1 erased after losing its claim: {err}");
+    assert_eq!(
+        rows(),
+        before,
+        "process 1 erased after losing its claim: {err}"
+    );
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("lost its claim"), "{err}");
     let (c, _, _) = env.json(&["journal", "verify", "--json"]);

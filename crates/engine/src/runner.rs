@@ -315,6 +315,18 @@ impl Engine {
                 }
             }
         }
+        // A job killed between its COMPLETE and its certificate file has no file: it is
+        // written from the journal here too, not only by a `resume` naming the job (review:
+        // `work` left it missing for good).
+        for job in self.journal.jobs()? {
+            if job.state == JobState::Complete
+                && !out.iter().any(|o: &Outcome| o.job_id == job.job_id)
+                && self.certificate_file(&job)?
+            {
+                tracing::info!(job = %job.job_id, "Wrote a complete job's missing certificate file.");
+                out.push(self.outcome(&job.job_id)?);
+            }
+        }
         Ok(out)
     }
 
@@ -848,11 +860,15 @@ impl Engine {
 
     /// Writes a COMPLETE job's certificate file from the journal if it is missing (the process
     /// died between the journal's commit and the file).
-    fn certificate_file(&self, job: &JobRecord) -> Result<(), EngineError> {
+    /// Writes a COMPLETE job's certificate file if it is missing; whether it did.
+    fn certificate_file(&self, job: &JobRecord) -> Result<bool, EngineError> {
         let path = self.certificates.join(format!("{}.json", job.job_id));
         match &job.certificate {
-            Some(signed) if !path.exists() => self.write_certificate(&job.job_id, signed),
-            _ => Ok(()),
+            Some(signed) if !path.exists() => {
+                self.write_certificate(&job.job_id, signed)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         }
     }
 
