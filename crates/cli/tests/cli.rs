@@ -879,6 +879,56 @@ fn a_signed_certificate_file_exists_only_for_a_complete_job() {
     assert_eq!(written, journaled, "the journal's certificate");
 }
 
+/// A frozen locator edited in the journal apart from the chain (one of alice's threads swapped
+/// for one of carol's, its allowance raised to match) is found before anything is erased: the
+/// stored locators no longer match the digest journaled with the inventory. Review: the resume
+/// erased carol's thread, and `journal verify` said intact.
+#[test]
+fn an_edited_frozen_locator_is_refused_before_anything_is_erased() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    let before = env.inventory("acme", "alice");
+    let job = kill_at(&env, "after-inventory");
+    let journal = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    let registry = rusqlite::Connection::open(env.path().join("memory/app.db")).unwrap();
+    let carol: String = registry
+        .query_row(
+            "SELECT thread_id FROM thread_registry WHERE user_id = 'carol' LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let alices: String = journal
+        .query_row(
+            "SELECT locator FROM inventory WHERE job_id = ?1 AND target = 'checkpoints' \
+             AND locator LIKE '0:%' LIMIT 1",
+            [&job],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let edited = journal
+        .execute(
+            "UPDATE inventory SET locator = '0:' || ?3, rows = rows + 100 \
+             WHERE job_id = ?1 AND target = 'checkpoints' AND locator = ?2",
+            rusqlite::params![job, alices, carol],
+        )
+        .unwrap();
+    assert_eq!(edited, 1);
+    let out = env.run(&["resume", &job]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("differ from the digest journaled with its inventory"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(env.others_rows(), others, "carol's rows untouched");
+    assert_eq!(
+        env.inventory("acme", "alice")["checkpoints"],
+        before["checkpoints"],
+        "nothing of the target erased"
+    );
+}
+
 /// `work` writes the certificate file of a job killed between its COMPLETE and the file (review:
 /// only a `resume` naming the job did, and `work` said there was nothing to do).
 #[test]

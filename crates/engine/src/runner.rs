@@ -376,6 +376,46 @@ impl Engine {
         }
     }
 
+    /// Refuses to erase a target whose stored frozen locators differ from the keyed digest
+    /// journaled with its inventory (`inventory_taken`): an edit of the journal's locator
+    /// table apart from the chain, say one subject's thread swapped for another's, would
+    /// otherwise be erased (review: 20 rows of another subject went; the anomaly guard counts
+    /// rows, not owners). A target whose inventory was extended (`--reinventory`) keeps its
+    /// locators summed over the parts, which no one digest covers: not checked.
+    fn refuse_if_locators_edited(
+        &self,
+        job: &JobRecord,
+        t: &Target,
+        locators: &[Locator],
+    ) -> Result<(), EngineError> {
+        let mut taken = None;
+        for e in self.journal.entries(&job.job_id)? {
+            match e {
+                Entry::InventoryTaken { target, digest, .. } if target == t.name => {
+                    taken = Some(digest)
+                }
+                Entry::InventoryExtended { target, .. } if target == t.name => return Ok(()),
+                _ => {}
+            }
+        }
+        let Some(journaled) = taken else {
+            return Ok(());
+        };
+        let key = self.key.locator_key();
+        if lethe_journal::jobs::inventory_digest(key.as_bytes(), locators) == journaled {
+            return Ok(());
+        }
+        tracing::error!(job = %job.job_id, target = %t.name, "Frozen locators differ from their journaled digest; nothing erased.");
+        Err(EngineError::Journal(lethe_journal::JournalError::Corrupt(
+            format!(
+                "job {}: target {}'s frozen locators differ from the digest journaled with its \
+             inventory (the journal's locator table was edited apart from the chain); nothing \
+             is erased",
+                job.job_id, t.name
+            ),
+        )))
+    }
+
     /// [`EngineError::ClaimLost`] once this process's claim on the job no longer holds.
     fn refuse_if_claim_lost(
         &self,
@@ -669,6 +709,7 @@ impl Engine {
             )));
         };
         debug_assert_eq!(inventoried, Some(count));
+        self.refuse_if_locators_edited(job, t, &locators)?;
         let scope = Self::frozen_scope(job);
         // The guard learns what is erased before it is erased: a late write to an erased
         // thread or item is refused from the first deleted row on (LangGraph issue 7206).
