@@ -929,6 +929,42 @@ fn an_edited_frozen_locator_is_refused_before_anything_is_erased() {
     );
 }
 
+/// A job whose state or a target's erased mark was edited in the journal apart from the chain
+/// is not run: review showed an edited state run and signed, and an erased mark set by hand
+/// skip its target's erase (a reinventory then certified its rows twice).
+#[test]
+fn a_job_whose_state_or_erased_mark_was_edited_is_not_run() {
+    for (what, edit) in [
+        ("state", "UPDATE jobs SET state = 'VERIFYING'"),
+        (
+            "erased marks",
+            "UPDATE target_progress SET erased = inventoried WHERE target = 'checkpoints'",
+        ),
+    ] {
+        let env = Env::new(500);
+        let others = env.others_rows();
+        let before = env.inventory("acme", "alice");
+        let job = kill_at(&env, "after-inventory");
+        let journal = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+        assert_eq!(journal.execute(edit, []).unwrap(), 1, "{what}");
+        let out = env.run(&["resume", &job]);
+        assert_eq!(code(&out), 1, "{what}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!(
+                "{what} in the job table is not what the journal recorded"
+            )),
+            "{what}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            env.inventory("acme", "alice"),
+            before,
+            "{what}: nothing erased"
+        );
+        assert_eq!(env.others_rows(), others, "{what}");
+    }
+}
+
 /// `work` writes the certificate file of a job killed between its COMPLETE and the file (review:
 /// only a `resume` naming the job did, and `work` said there was nothing to do).
 #[test]
