@@ -965,6 +965,46 @@ fn a_job_whose_state_or_erased_mark_was_edited_is_not_run() {
     }
 }
 
+/// A hold released in the hold table alone (no `hold_released` in the chain) keeps its job from
+/// running, and `journal verify` reports it (review: `work` erased the held job, and verify said
+/// intact).
+#[test]
+fn a_hold_released_in_the_table_alone_still_stops_its_job() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    let before = env.inventory("acme", "alice");
+    assert_eq!(code(&hold_alice(&env, "matter 9")), 0);
+    let (c, held) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 4, "{held}");
+    let journal = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    let edited = journal
+        .execute("UPDATE holds SET released_at = '2026-12-04T00:00:00Z'", [])
+        .unwrap();
+    assert_eq!(edited, 1);
+    let verify = env.run(&["journal", "verify"]);
+    assert_eq!(code(&verify), 1);
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        stderr(&verify)
+    );
+    assert!(
+        shown.contains("released in the hold table but active in the journal"),
+        "{shown}"
+    );
+    for args in [&["work"][..], &["resume", held["job_id"].as_str().unwrap()]] {
+        let out = env.run(args);
+        assert_eq!(code(&out), 1, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("released in the hold table but not in the journal"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(env.inventory("acme", "alice"), before, "nothing erased");
+    assert_eq!(env.others_rows(), others);
+}
+
 /// `work` writes the certificate file of a job killed between its COMPLETE and the file (review:
 /// only a `resume` naming the job did, and `work` said there was nothing to do).
 #[test]

@@ -443,7 +443,16 @@ impl Engine {
 
     /// Refuses a job whose row or progress differs from what its chain entries record.
     fn refuse_if_projection_edited(&self, job_id: &str, outcome: &str) -> Result<(), EngineError> {
-        let problems = self.journal.projection_problems(job_id)?;
+        let mut problems = self.journal.projection_problems(job_id)?;
+        let job = self.journal.job(job_id)?;
+        for hold in self
+            .journal
+            .holds_released_outside_the_chain(job.scope.tenant(), job.scope.subject())?
+        {
+            problems.push(format!(
+                "hold {hold} is released in the hold table but not in the journal"
+            ));
+        }
         if problems.is_empty() {
             return Ok(());
         }

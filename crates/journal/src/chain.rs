@@ -137,6 +137,8 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     let mut prev = GENESIS.to_string();
     let mut states: HashMap<String, JobState> = HashMap::new();
     let mut facts: BTreeMap<String, Facts> = BTreeMap::new();
+    // Holds placed and released, as the chain records them.
+    let mut holds: BTreeMap<String, bool> = BTreeMap::new();
     let entries = rows.len() as u64;
     for r in rows {
         let seq = r[0].i().unwrap_or(-1);
@@ -164,6 +166,15 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         }
         match serde_json::from_str::<Entry>(&body) {
             Ok(entry) => {
+                match &entry {
+                    Entry::HoldAdded { hold_id, .. } => {
+                        holds.insert(hold_id.clone(), false);
+                    }
+                    Entry::HoldReleased { hold_id } => {
+                        holds.insert(hold_id.clone(), true);
+                    }
+                    _ => {}
+                }
                 if let Some(job) = &job {
                     facts.entry(job.clone()).or_default().add(&at, &entry);
                     // A COMPLETE job is final: nothing of it comes after (a runner that lost its
@@ -237,6 +248,32 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     }
     for (job, f) in &facts {
         problems.extend(projection_problems(tx, job, f)?);
+    }
+    // The holds table against the chain (review: a hold released in the table alone let its
+    // job run, and this said intact).
+    let table: BTreeMap<String, bool> = tx
+        .rows("SELECT hold_id, released_at FROM holds", &[])
+        .map_err(db)?
+        .iter()
+        .map(|r| (r[0].text(), r[1].t().is_some()))
+        .collect();
+    for (id, released) in &table {
+        match holds.get(id) {
+            None => problems.push(format!(
+                "hold {id} is in the hold table but not in the journal"
+            )),
+            Some(r) if r != released => problems.push(format!(
+                "hold {id} is {} in the hold table but {} in the journal",
+                if *released { "released" } else { "active" },
+                if *r { "released" } else { "active" }
+            )),
+            _ => {}
+        }
+    }
+    for id in holds.keys().filter(|id| !table.contains_key(*id)) {
+        problems.push(format!(
+            "hold {id} is in the journal but missing from the hold table"
+        ));
     }
     Ok(ChainReport {
         entries,
