@@ -1225,7 +1225,43 @@ fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
     assert_eq!(n, 0);
 }
 
+/// A REPEATABLE READ snapshot taken before the guard was installed sees no fence state at all
+/// (not even the generation row): its write after a fence closed is refused with `40001` too.
+/// Found by review: the missing row compared as NULL, the write was judged on the empty fence
+/// tables of its snapshot and admitted, and the job completed over it.
+fn a_snapshot_older_than_the_install_is_refused(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    let mut app = db.client();
+    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM checkpoints")
+        .unwrap();
+    guard(&cp).install().unwrap();
+    let s = scope("acme", "alice");
+    assert!(guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"old-1", &"c0", &meta("acme", "alice", None)]
+        ),
+        Some("40001".to_string()),
+        "a snapshot from before the install is refused"
+    );
+    app.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"old-1", &"c0", &meta("acme", "alice", None)]
+        ),
+        Some("LT001".to_string()),
+        "the retry meets the fence"
+    );
+}
+
 both!(
+    a_snapshot_older_than_the_install_is_refused,
     an_update_cannot_move_rows_out_of_a_fenced_or_erased_owner,
     a_fence_left_closed_with_a_later_epoch_fails_the_open,
     a_fence_does_not_deadlock_a_put_in_flight,

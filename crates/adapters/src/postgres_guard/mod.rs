@@ -34,9 +34,11 @@ use crate::{AdapterError, Locator};
 /// predates a fence change is refused (`40001`, retry) instead of judged on old state
 /// (`lethe_guard.gen`). 5: an UPDATE that moves a row to another owner, thread or item is
 /// judged for the row it leaves too (a second trigger, `lethe_guard_reown`, on UPDATEs that
-/// change those columns only). `lethe guard install` brings a database from 1 to 4 up to 5 in
-/// place, its fences and erased lists kept.
-pub const VERSION: &str = "5";
+/// change those columns only). 6: a snapshot older than the guard's install (or than its
+/// upgrade to 4), which sees no `gen_seen` row, is never fresh (it went through on the fence
+/// state it saw, none). `lethe guard install` brings a database from 1 to 5 up to 6 in place,
+/// its fences and erased lists kept.
+pub const VERSION: &str = "6";
 
 const INSTALL: &str = include_str!("install.sql");
 
