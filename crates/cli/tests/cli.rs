@@ -2743,3 +2743,155 @@ fn demo_never_overwrites_a_folder_it_did_not_make() {
         assert_eq!(std::fs::read(other.join(f)).unwrap(), b"theirs");
     }
 }
+
+/// A database guard installed while a job lay killed mid-erase is closed for that job and told
+/// what it erased already when the job is picked up again: a write for the person is refused
+/// while the job runs, and a stale one after it completed. Found by review: only a job resumed
+/// from FROZEN or BLOCKED closed the guard, so the fence stayed open and the erased items
+/// unknown, and writes for the person were admitted during and after the job.
+#[test]
+fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
+    let admin = std::env::var("LETHE_PG15_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let template = std::env::var("LETHE_PG_TEMPLATE").unwrap_or_else(|_| "lethe_tpl".into());
+    let name = format!("lethe_cg_{}", std::process::id());
+    let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .unwrap();
+    c.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+        .expect("the LangGraph template database (scripts/test makes it)");
+    struct Drop_(String, String);
+    impl Drop for Drop_ {
+        fn drop(&mut self) {
+            if let Ok(mut c) = postgres::Client::connect(&self.0, postgres::NoTls) {
+                let _ =
+                    c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.1));
+            }
+        }
+    }
+    let _drop = Drop_(admin.clone(), name.clone());
+    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("lethe.toml"),
+        format!(
+            r#"[control]
+journal = "sqlite:journal.db"
+batch_size = 1
+
+[[target]]
+name = "memories"
+kind = "langgraph-postgres-store"
+class = "primary"
+url = "{url}?sslmode=disable"
+namespace = ["{{tenant}}", "{{subject}}"]
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-postgres-checkpointer"
+class = "primary"
+url = "{url}?sslmode=disable"
+registry = {{ table = "public.thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
+metadata = {{ tenant = "tenant_id", subject = "user_id" }}
+"#
+        ),
+    )
+    .unwrap();
+    let lethe = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lethe"));
+        cmd.arg("--config")
+            .arg(dir.path().join("lethe.toml"))
+            .args(args)
+            .env_remove("LETHE_LOG");
+        cmd
+    };
+    let erase = [
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T-9",
+        "--drain-timeout",
+        "0",
+    ];
+    // Killed mid-erase with no guard, once the store's last item is gone (its erased mark is in
+    // the same commit as its last batch's entry).
+    let marker = dir.path().join("paused");
+    let mut first = lethe(&erase)
+        .env("LETHE_TEST_PAUSE_AT", "after-batch-journal:memories:6")
+        .env("LETHE_TEST_PAUSE_FILE", &marker)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marker.exists() {
+        assert!(first.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::yield_now();
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    std::fs::remove_file(&marker).unwrap();
+    for t in ["checkpoints", "memories"] {
+        let out = lethe(&["guard", "install", "--target", t])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The job goes on and stops before it verifies: the guard is closed for alice by now.
+    let mut second = lethe(&erase)
+        .env("LETHE_TEST_PAUSE_AT", "before-verify")
+        .env("LETHE_TEST_PAUSE_FILE", &marker)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while !marker.exists() {
+        assert!(
+            second.try_wait().unwrap().is_none(),
+            "the resumed run ended early"
+        );
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::yield_now();
+    }
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let count =
+        |db: &mut postgres::Client, sql: &str| -> i64 { db.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced"
+        ),
+        1,
+        "alice's fence closed in the guard while the job runs"
+    );
+    assert!(
+        count(&mut db, "SELECT count(*) FROM lethe_guard.erased_item") > 0,
+        "the store's items, all erased before the guard was installed, are known to it"
+    );
+    let put = "INSERT INTO store (prefix, key, value) VALUES ('acme.alice.memories', 'late', '{}'::jsonb)";
+    let refused = db.execute(put, &[]).unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code().to_string()),
+        Some("LT001".to_string()),
+        "{refused}"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    assert_eq!(second.wait().unwrap().code(), Some(0));
+    // After COMPLETE, a stale write (no lease epoch) for the erased person is refused.
+    let stale = db.execute(put, &[]).unwrap_err();
+    assert!(
+        matches!(stale.code().map(|c| c.code()), Some("LT002" | "LT004")),
+        "{stale}"
+    );
+}

@@ -350,6 +350,20 @@ impl Engine {
             self.refuse_if_targets_missing(job_id)?;
             self.refuse_if_job_held(&job)?;
         }
+        // A job picked up past its freeze: each database guard is closed again and told what
+        // was erased already, before anything else runs (both idempotent). A guard installed
+        // since the freeze (a run killed mid-erase, `guard install`, a resume) was never closed
+        // for the job, nor told of targets erased before it: found by review, a write for the
+        // person was admitted while the job ran and after it completed.
+        // (A BLOCKED job does both in `step_resume`.)
+        if matches!(job.state, JobState::Deleting | JobState::Verifying) {
+            if let Step::Blocked = self.guards(&job, "fence_closed", |g, f| g.close(f))? {
+                return self.outcome(job_id);
+            }
+            if let Step::Blocked = self.guards_learn_erased(&job)? {
+                return self.outcome(job_id);
+            }
+        }
         let claim = Mutex::new(claim);
         loop {
             let job = self.journal.job(job_id)?;
@@ -414,6 +428,28 @@ impl Engine {
                 job.job_id, t.name
             ),
         )))
+    }
+
+    /// Tells each database guard the frozen locators of every target already erased (what
+    /// `erase_target` tells it before erasing a target; a guard installed since did not hear).
+    fn guards_learn_erased(&self, job: &JobRecord) -> Result<Step, EngineError> {
+        let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
+        for t in &self.targets {
+            let Some(g) = t.adapter.guard() else {
+                continue;
+            };
+            let (_, erased, _) = self.journal.progress(&job.job_id, &t.name)?;
+            if erased.is_none() {
+                continue;
+            }
+            let Some((_, locators)) = self.journal.inventory(&job.job_id, &t.name)? else {
+                continue;
+            };
+            if let Err(e) = g.record_erased(&fence, &locators) {
+                return self.block_on(&job.job_id, &t.name, e);
+            }
+        }
+        Ok(Step::Next)
     }
 
     /// [`EngineError::ClaimLost`] once this process's claim on the job no longer holds.
@@ -1020,6 +1056,21 @@ impl Engine {
             if let Some(Err(e)) = t.adapter.guard().map(|g| g.close(&fence)) {
                 tracing::warn!(job = %job.job_id, target = %t.name, error = %e, "Database guard unreachable; the job stays blocked.");
                 return Ok(Step::Blocked);
+            }
+        }
+        // And it learns what was erased before it was installed.
+        for t in &self.targets {
+            let Some(g) = t.adapter.guard() else {
+                continue;
+            };
+            if self.journal.progress(&job.job_id, &t.name)?.1.is_none() {
+                continue;
+            }
+            if let Some((_, locators)) = self.journal.inventory(&job.job_id, &t.name)? {
+                if let Err(e) = g.record_erased(&fence, &locators) {
+                    tracing::warn!(job = %job.job_id, target = %t.name, error = %e, "Database guard unreachable; the job stays blocked.");
+                    return Ok(Step::Blocked);
+                }
             }
         }
         // Nothing is erased while a permit from before the freeze may still write.
