@@ -1260,7 +1260,52 @@ fn a_snapshot_older_than_the_install_is_refused(version: u32) {
     );
 }
 
+/// A fence change whose transaction died after it drew its generation (Lethe killed mid-change)
+/// leaves the generation ahead of every snapshot: the next REPEATABLE READ write repairs it and
+/// is judged as usual, where every such write was refused with `40001` until the next change
+/// (review). A change that did commit since the snapshot is still refused.
+fn a_generation_drawn_by_a_dead_change_is_repaired(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let cp = checkpointer(&db.url, "public");
+    guard(&cp).install().unwrap();
+    let mut c = db.client();
+    // A draw whose transaction rolls back: sequences are not transactional.
+    c.batch_execute("BEGIN; SELECT nextval('lethe_guard.gen'); ROLLBACK")
+        .unwrap();
+    let mut app = db.client();
+    for (i, who) in ["bob", "carol"].iter().enumerate() {
+        app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            .unwrap();
+        assert_eq!(
+            write(
+                &mut app,
+                PUT_CHECKPOINT,
+                &[&format!("dead-{i}"), &"c0", &meta("acme", who, None)]
+            ),
+            None,
+            "write {i} after a dead draw is admitted"
+        );
+        app.batch_execute("COMMIT").unwrap();
+    }
+    // A change committed after a snapshot still refuses it.
+    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM checkpoints")
+        .unwrap();
+    let s = scope("acme", "alice");
+    assert!(guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
+    assert_eq!(
+        write(
+            &mut app,
+            PUT_CHECKPOINT,
+            &[&"dead-9", &"c0", &meta("acme", "bob", None)]
+        ),
+        Some("40001".to_string())
+    );
+    app.batch_execute("ROLLBACK").unwrap();
+}
+
 both!(
+    a_generation_drawn_by_a_dead_change_is_repaired,
     a_snapshot_older_than_the_install_is_refused,
     an_update_cannot_move_rows_out_of_a_fenced_or_erased_owner,
     a_fence_left_closed_with_a_later_epoch_fails_the_open,

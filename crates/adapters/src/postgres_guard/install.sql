@@ -151,8 +151,17 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock_shared(7810777120470692452);  -- the guard's lock (mod.rs LOCK)
     IF NOT coalesce(lethe_guard.fresh(), false) AND current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'lethe guard: this transaction''s snapshot is older than a fence; retry the transaction'
-            USING ERRCODE = '40001';
+        -- With the lock, no change is being written. Either one committed since this snapshot,
+        -- or a draw's transaction died before it committed (version 6: every such snapshot was
+        -- refused until the next change; found by review). The row, set to the last draw: a
+        -- change committed since makes PostgreSQL refuse the update (40001, concurrent update),
+        -- and a dead draw is repaired, this snapshot then being as fresh as any. A snapshot
+        -- older than the row (the guard installed since) finds none to update.
+        UPDATE lethe_guard.gen_seen SET g = coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0);
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'lethe guard: this transaction''s snapshot is older than a fence; retry the transaction'
+                USING ERRCODE = '40001';
+        END IF;
     END IF;
 END $$;
 

@@ -36,7 +36,9 @@ use crate::{AdapterError, Locator};
 /// judged for the row it leaves too (a second trigger, `lethe_guard_reown`, on UPDATEs that
 /// change those columns only). 6: a snapshot older than the guard's install (or than its
 /// upgrade to 4), which sees no `gen_seen` row, is never fresh (it went through on the fence
-/// state it saw, none). `lethe guard install` brings a database from 1 to 5 up to 6 in place,
+/// state it saw, none); a generation drawn by a change whose transaction died is repaired by
+/// the next REPEATABLE READ or SERIALIZABLE write (every such write was refused until the next
+/// change). `lethe guard install` brings a database from 1 to 5 up to 6 in place,
 /// its fences and erased lists kept.
 pub const VERSION: &str = "6";
 
