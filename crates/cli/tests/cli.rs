@@ -1010,6 +1010,7 @@ fn a_hold_released_in_the_table_alone_still_stops_its_job() {
 #[test]
 fn work_writes_the_missing_certificate_file_of_a_complete_job() {
     let env = Env::new(500);
+    let others = env.others_rows();
     let job = kill_at(&env, "before-certificate-file");
     let file = env.path().join("certificates").join(format!("{job}.json"));
     assert!(!file.exists());
@@ -1022,6 +1023,7 @@ fn work_writes_the_missing_certificate_file_of_a_complete_job() {
     // Written once: the next `work` has nothing to do.
     let (c, again) = env.json(&["work", "--json"]);
     assert_eq!((c, again.as_array().map(Vec::len)), (0, Some(0)), "{again}");
+    assert_eq!(env.others_rows(), others);
 }
 
 #[test]
@@ -2771,6 +2773,35 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
     }
     let _drop = Drop_(admin.clone(), name.clone());
     let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+    // Every other subject's rows, byte for byte (as text), for the end.
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let alices: Vec<String> = db
+        .query(
+            "SELECT thread_id FROM thread_registry WHERE tenant_id = 'acme' AND user_id = 'alice'
+             UNION SELECT thread_id FROM checkpoints
+              WHERE metadata->>'tenant_id' = 'acme' AND metadata->>'user_id' = 'alice'",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let others = |db: &mut postgres::Client| -> String {
+        db.query_one(
+            "SELECT md5(coalesce(string_agg(x, '|' ORDER BY x), '')) FROM (
+               SELECT 'c' || c::text AS x FROM checkpoints c WHERE thread_id <> ALL($1)
+               UNION ALL SELECT 'b' || b::text FROM checkpoint_blobs b WHERE thread_id <> ALL($1)
+               UNION ALL SELECT 'w' || w::text FROM checkpoint_writes w WHERE thread_id <> ALL($1)
+               UNION ALL SELECT 'r' || r::text FROM thread_registry r
+                          WHERE NOT (tenant_id = 'acme' AND user_id = 'alice')
+               UNION ALL SELECT 's' || t::text FROM store t
+                          WHERE prefix <> 'acme.alice' AND prefix NOT LIKE 'acme.alice.%') q",
+            &[&alices],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let others_before = others(&mut db);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("lethe.toml"),
@@ -2864,7 +2895,6 @@ metadata = {{ tenant = "tenant_id", subject = "user_id" }}
         assert!(std::time::Instant::now() < deadline);
         std::thread::yield_now();
     }
-    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let count =
         |db: &mut postgres::Client, sql: &str| -> i64 { db.query_one(sql, &[]).unwrap().get(0) };
     assert_eq!(
@@ -2893,5 +2923,10 @@ metadata = {{ tenant = "tenant_id", subject = "user_id" }}
     assert!(
         matches!(stale.code().map(|c| c.code()), Some("LT002" | "LT004")),
         "{stale}"
+    );
+    assert_eq!(
+        others(&mut db),
+        others_before,
+        "every other subject's rows kept"
     );
 }

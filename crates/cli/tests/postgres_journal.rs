@@ -175,6 +175,18 @@ fn a_second_process_cannot_run_a_claimed_job_and_picks_it_up_when_its_runner_die
 #[test]
 fn a_runner_that_lost_its_claim_erases_nothing_more() {
     let env = Env::new(1);
+    let counts = |tenant: &str, subject: &str| {
+        let (_, inv, _) = env.json(&[
+            "inventory",
+            "--tenant",
+            tenant,
+            "--subject",
+            subject,
+            "--json",
+        ]);
+        inv["targets"].to_string()
+    };
+    let others = [counts("acme", "bob"), counts("globex", "carol")];
     let marker = env.dir.path().join("paused");
     let mut first = env
         .cmd(&ERASE)
@@ -239,4 +251,9 @@ fn a_runner_that_lost_its_claim_erases_nothing_more() {
     assert!(err.contains("lost its claim"), "{err}");
     let (c, _, _) = env.json(&["journal", "verify", "--json"]);
     assert_eq!(c, 0);
+    assert_eq!(
+        [counts("acme", "bob"), counts("globex", "carol")],
+        others,
+        "the other subjects kept their rows"
+    );
 }
