@@ -75,6 +75,29 @@ namespace = ["{{tenant}}", "{{subject}}"]
         c
     }
 
+    /// Starts `erase` of acme/alice paused at `point` (marker `paused`), once it is there.
+    fn paused_erase(&self, point: &str, stderr: Stdio) -> std::process::Child {
+        let marker = self.dir.path().join("paused");
+        let mut child = self
+            .cmd(&ERASE)
+            .env("LETHE_TEST_PAUSE_AT", point)
+            .env("LETHE_TEST_PAUSE_FILE", &marker)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !marker.exists() {
+            assert!(child.try_wait().unwrap().is_none(), "process 1 ended early");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never reached {point}"
+            );
+            std::thread::yield_now();
+        }
+        child
+    }
+
     fn json(&self, args: &[&str]) -> (i32, Value, String) {
         let out: Output = self.cmd(args).output().unwrap();
         let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
@@ -124,21 +147,7 @@ fn a_job_completes_with_the_journal_on_postgres() {
 fn a_second_process_cannot_run_a_claimed_job_and_picks_it_up_when_its_runner_dies() {
     let env = Env::new(1);
     // Process 1 runs the erase and stops, holding its claim, mid-way through the deletes.
-    let marker = env.dir.path().join("paused");
-    let mut first = env
-        .cmd(&ERASE)
-        .env("LETHE_TEST_PAUSE_AT", "after-batch-journal:checkpoints:2")
-        .env("LETHE_TEST_PAUSE_FILE", &marker)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !marker.exists() {
-        assert!(first.try_wait().unwrap().is_none(), "process 1 ended early");
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::yield_now();
-    }
+    let mut first = env.paused_erase("after-batch-journal:checkpoints:2", Stdio::null());
     // A second operator asks for the same scope: the same job, and it is being run.
     let (c, _, err) = env.json(&ERASE);
     assert_eq!(c, 3, "{err}");
@@ -188,20 +197,7 @@ fn a_runner_that_lost_its_claim_erases_nothing_more() {
     };
     let others = [counts("acme", "bob"), counts("globex", "carol")];
     let marker = env.dir.path().join("paused");
-    let mut first = env
-        .cmd(&ERASE)
-        .env("LETHE_TEST_PAUSE_AT", "after-batch-journal:checkpoints:1")
-        .env("LETHE_TEST_PAUSE_FILE", &marker)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !marker.exists() {
-        assert!(first.try_wait().unwrap().is_none(), "process 1 ended early");
-        assert!(std::time::Instant::now() < deadline);
-        std::thread::yield_now();
-    }
+    let first = env.paused_erase("after-batch-journal:checkpoints:1", Stdio::piped());
     // The claim is a connection of the job's database idle in a transaction (so is the one
     // opened ahead for a next claim).
     let url = format!("{}/{}", env.admin.rsplit_once('/').unwrap().0, env.db);

@@ -444,12 +444,9 @@ fn commit_cutter(upstream: String, armed: Arc<AtomicBool>, deliver: bool) -> u16
     port
 }
 
-/// The journal's freeze commits but its answer is lost (the connection cut at the `COMMIT`):
-/// the gate must be closed all the same, with the permit held from before in the job's drain
-/// set, and the job, run again from FROZEN, completes with the journal's epoch (found by
-/// review: the gate stayed open, granting permits and leases, and counted nothing to drain).
-#[test]
-fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
+/// A PostgreSQL test database, a journal on it directly, and one through [`commit_cutter`]
+/// (`deliver` as there), with the switch that arms the cut.
+fn behind_a_commit_cutter(deliver: bool) -> (TestDb, Journal, Journal, Arc<AtomicBool>) {
     let db = TestDb::new(true);
     let upstream = db
         .url
@@ -458,13 +455,23 @@ fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
         .map(|(hostport, _)| hostport.to_string())
         .unwrap();
     let name = db.url.rsplit_once('/').unwrap().1.to_string();
-    let setup = open(&db.url);
-    let id = job(&setup, "del-a", subject_scope("acme", "alice"));
+    let direct = open(&db.url);
     let armed = Arc::new(AtomicBool::new(false));
-    let port = commit_cutter(upstream, armed.clone(), true);
-    let j = open(&format!(
+    let port = commit_cutter(upstream, armed.clone(), deliver);
+    let cut = open(&format!(
         "postgres://postgres@127.0.0.1:{port}/{name}?sslmode=disable"
     ));
+    (db, direct, cut, armed)
+}
+
+/// The journal's freeze commits but its answer is lost (the connection cut at the `COMMIT`):
+/// the gate must be closed all the same, with the permit held from before in the job's drain
+/// set, and the job, run again from FROZEN, completes with the journal's epoch (found by
+/// review: the gate stayed open, granting permits and leases, and counted nothing to drain).
+#[test]
+fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
+    let (_db, setup, j, armed) = behind_a_commit_cutter(true);
+    let id = job(&setup, "del-a", subject_scope("acme", "alice"));
     let g = MemoryGate::load(&j).unwrap();
     let lease = g
         .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
@@ -520,21 +527,8 @@ fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
 /// once, not twice.
 #[test]
 fn postgres_a_freeze_that_failed_before_its_commit_is_tried_again_once() {
-    let db = TestDb::new(true);
-    let upstream = db
-        .url
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split_once('/'))
-        .map(|(hostport, _)| hostport.to_string())
-        .unwrap();
-    let name = db.url.rsplit_once('/').unwrap().1.to_string();
-    let setup = open(&db.url);
+    let (_db, setup, j, armed) = behind_a_commit_cutter(false);
     let id = job(&setup, "del-a", subject_scope("acme", "alice"));
-    let armed = Arc::new(AtomicBool::new(false));
-    let port = commit_cutter(upstream, armed.clone(), false);
-    let j = open(&format!(
-        "postgres://postgres@127.0.0.1:{port}/{name}?sslmode=disable"
-    ));
     let g = MemoryGate::load(&j).unwrap();
     let lease = g
         .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
