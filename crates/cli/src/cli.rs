@@ -363,7 +363,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                         "blocked_target": o.blocked_target, "certificate": o.certificate}))
                     .collect::<Vec<_>>()));
             } else if outs.is_empty() {
-                outln!("No unfinished job to pick up.");
+                // Jobs another live process runs, or a hold covers, are skipped without a line
+                // (`-v` names them): "nothing" would claim too much.
+                outln!("No unfinished job to pick up here (a job another live process runs, or a legal hold covers, is left; `lethe jobs` lists every job).");
             } else {
                 for o in &outs {
                     print_outcome(o, false);
