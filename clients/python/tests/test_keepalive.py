@@ -43,6 +43,11 @@ def answer(conn: socket.socket, body: str, status: str = "201 Created") -> None:
 
 class KeepAliveTest(unittest.TestCase):
     def setUp(self) -> None:
+        # Every socket the scripted server accepts reads with a timeout: a request the client
+        # does not send (a regression) fails the test instead of hanging it.
+        previous = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(10)
+        self.addCleanup(socket.setdefaulttimeout, previous)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.addCleanup(self.listener.close)
         port = self.listener.getsockname()[1]
