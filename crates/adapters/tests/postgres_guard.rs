@@ -1178,13 +1178,32 @@ fn a_fence_does_not_deadlock_a_put_in_flight(version: u32) {
 /// as it was: its write is refused with a serialization failure (retry), and the retry, with a
 /// new snapshot, meets the fence. READ COMMITTED writers are judged as before.
 fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
+    old_snapshot_is_refused_then_fenced(version, false);
+}
+
+/// The same with a snapshot taken before the guard was installed, which sees no fence state at
+/// all (not even the generation row). Found by review: the missing row compared as NULL, the
+/// write was judged on the empty fence tables of its snapshot and admitted, and the job
+/// completed over it.
+fn a_snapshot_older_than_the_install_is_refused(version: u32) {
+    old_snapshot_is_refused_then_fenced(version, true);
+}
+
+/// A REPEATABLE READ snapshot taken (before the install when `before_install`), then alice's
+/// fence closed: her write gets `40001`, the retry `LT001`, and bob writes as before.
+fn old_snapshot_is_refused_then_fenced(version: u32, before_install: bool) {
     let srv = server(version);
     let db = Db::new(&srv);
     let cp = checkpointer(&db.url, "public");
-    guard(&cp).install().unwrap();
+    if !before_install {
+        guard(&cp).install().unwrap();
+    }
     let mut app = db.client();
     app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM checkpoints")
         .unwrap();
+    if before_install {
+        guard(&cp).install().unwrap();
+    }
     let s = scope("acme", "alice");
     assert!(guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
     assert_eq!(
@@ -1194,7 +1213,8 @@ fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
             &[&"rr-1", &"c0", &meta("acme", "alice", None)]
         ),
         Some("40001".to_string()),
-        "a snapshot from before the fence is refused"
+        "a snapshot from before the fence (install first: {}) is refused",
+        !before_install
     );
     app.batch_execute("ROLLBACK").unwrap();
     assert_eq!(
@@ -1223,41 +1243,6 @@ fn a_transaction_whose_snapshot_predates_the_fence_is_refused(version: u32) {
         .unwrap()
         .get(0);
     assert_eq!(n, 0);
-}
-
-/// A REPEATABLE READ snapshot taken before the guard was installed sees no fence state at all
-/// (not even the generation row): its write after a fence closed is refused with `40001` too.
-/// Found by review: the missing row compared as NULL, the write was judged on the empty fence
-/// tables of its snapshot and admitted, and the job completed over it.
-fn a_snapshot_older_than_the_install_is_refused(version: u32) {
-    let srv = server(version);
-    let db = Db::new(&srv);
-    let cp = checkpointer(&db.url, "public");
-    let mut app = db.client();
-    app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM checkpoints")
-        .unwrap();
-    guard(&cp).install().unwrap();
-    let s = scope("acme", "alice");
-    assert!(guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
-    assert_eq!(
-        write(
-            &mut app,
-            PUT_CHECKPOINT,
-            &[&"old-1", &"c0", &meta("acme", "alice", None)]
-        ),
-        Some("40001".to_string()),
-        "a snapshot from before the install is refused"
-    );
-    app.batch_execute("ROLLBACK").unwrap();
-    assert_eq!(
-        write(
-            &mut app,
-            PUT_CHECKPOINT,
-            &[&"old-1", &"c0", &meta("acme", "alice", None)]
-        ),
-        Some("LT001".to_string()),
-        "the retry meets the fence"
-    );
 }
 
 /// A fence change whose transaction died after it drew its generation (Lethe killed mid-change)

@@ -464,25 +464,57 @@ fn behind_a_commit_cutter(deliver: bool) -> (TestDb, Journal, Journal, Arc<Atomi
     (db, direct, cut, armed)
 }
 
-/// The journal's freeze commits but its answer is lost (the connection cut at the `COMMIT`):
-/// the gate must be closed all the same, with the permit held from before in the job's drain
-/// set, and the job, run again from FROZEN, completes with the journal's epoch (found by
-/// review: the gate stayed open, granting permits and leases, and counted nothing to drain).
-#[test]
-fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
-    let (_db, setup, j, armed) = behind_a_commit_cutter(true);
+/// A job of acme/alice, an in-process gate over a journal behind [`commit_cutter`] with a lease
+/// of alice's holding a permit, and the job's freeze, its connection cut at the `COMMIT`.
+struct CutFreeze {
+    _db: TestDb,
+    setup: Journal,
+    j: Journal,
+    g: MemoryGate,
+    id: String,
+    lease: lethe_journal::gate::Lease,
+    held: lethe_journal::gate::Permit,
+}
+
+fn freeze_cut_at_commit(deliver: bool) -> CutFreeze {
+    let (_db, setup, j, armed) = behind_a_commit_cutter(deliver);
     let id = job(&setup, "del-a", subject_scope("acme", "alice"));
     let g = MemoryGate::load(&j).unwrap();
     let lease = g
         .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
         .unwrap();
     let held = g.take_permit(NOW, lease.id, Sink::Tool).unwrap();
-
     armed.store(true, SeqCst);
     assert!(
         g.freeze(&j, AT, &id, None).is_err(),
-        "the freeze's answer was not cut"
+        "the connection was not cut at the commit"
     );
+    CutFreeze {
+        _db,
+        setup,
+        j,
+        g,
+        id,
+        lease,
+        held,
+    }
+}
+
+/// The journal's freeze commits but its answer is lost (the connection cut at the `COMMIT`):
+/// the gate must be closed all the same, with the permit held from before in the job's drain
+/// set, and the job, run again from FROZEN, completes with the journal's epoch (found by
+/// review: the gate stayed open, granting permits and leases, and counted nothing to drain).
+#[test]
+fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
+    let CutFreeze {
+        _db,
+        setup,
+        j,
+        g,
+        id,
+        lease,
+        held,
+    } = freeze_cut_at_commit(true);
     assert_eq!(
         setup.job(&id).unwrap().state,
         lethe_core::JobState::Frozen,
@@ -527,19 +559,15 @@ fn postgres_a_freeze_whose_commit_answer_is_lost_leaves_the_gate_closed() {
 /// once, not twice.
 #[test]
 fn postgres_a_freeze_that_failed_before_its_commit_is_tried_again_once() {
-    let (_db, setup, j, armed) = behind_a_commit_cutter(false);
-    let id = job(&setup, "del-a", subject_scope("acme", "alice"));
-    let g = MemoryGate::load(&j).unwrap();
-    let lease = g
-        .take_lease(NOW, &t("acme"), &s("alice"), &[], TTL)
-        .unwrap();
-    let held = g.take_permit(NOW, lease.id, Sink::Tool).unwrap();
-
-    armed.store(true, SeqCst);
-    assert!(
-        g.freeze(&j, AT, &id, None).is_err(),
-        "the commit was not cut"
-    );
+    let CutFreeze {
+        _db,
+        setup,
+        j,
+        g,
+        id,
+        lease: _,
+        held,
+    } = freeze_cut_at_commit(false);
     assert_eq!(
         setup.job(&id).unwrap().state,
         lethe_core::JobState::Requested,

@@ -347,6 +347,14 @@ fn job(j: &Journal, id: &str, scope: Scope) -> String {
     j.create_job(&new).unwrap().0.job_id
 }
 
+/// A FROZEN job taken to COMPLETE: drained, its targets erased, a test certificate.
+fn complete_frozen(j: &Journal, id: &str) {
+    j.record(AT, id, &Entry::Drained).unwrap();
+    j.record(AT, id, &Entry::TargetsErased).unwrap();
+    j.complete(AT, id, &serde_json::json!({"test": true}))
+        .unwrap();
+}
+
 fn subject_scope(tn: &str, sb: &str) -> Scope {
     Scope::Subject {
         tenant: t(tn),
@@ -763,10 +771,7 @@ fn an_entry_after_completion_is_refused(st: Store) {
     let j = st.open();
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     j.freeze(AT, &a, None).unwrap();
-    j.record(AT, &a, &Entry::Drained).unwrap();
-    j.record(AT, &a, &Entry::TargetsErased).unwrap();
-    j.complete(AT, &a, &serde_json::json!({"test": true}))
-        .unwrap();
+    complete_frozen(&j, &a);
     assert!(j.verify_chain().unwrap().is_intact());
     // The journal refuses it, and the chain stays as it was.
     let late = Entry::BatchErased {
@@ -784,10 +789,7 @@ fn a_lease_from_an_old_epoch_is_stale_after_completion(st: Store) {
     let ttl = Duration::from_secs(60);
     let a = job(&j, "del-a", subject_scope("acme", "alice"));
     j.freeze(AT, &a, None).unwrap();
-    j.record(AT, &a, &Entry::Drained).unwrap();
-    j.record(AT, &a, &Entry::TargetsErased).unwrap();
-    j.complete(AT, &a, &serde_json::json!({"test": true}))
-        .unwrap();
+    complete_frozen(&j, &a);
     // The fence opens at completion; a new lease binds the new epoch and works.
     let fresh = j
         .take_lease(NOW, &t("acme"), &s("alice"), &[], ttl)
@@ -1537,10 +1539,7 @@ fn the_sweep_keeps_what_a_drain_needs_and_deletes_the_rest(st: Store) {
     assert_eq!(j.sweep_gate(later, 1000).unwrap(), (0, 0));
     assert_eq!(j.undrained(&a).unwrap(), 0);
     // Once the job is complete its drain set goes, then the permit, then the lease.
-    j.record(AT, &a, &Entry::Drained).unwrap();
-    j.record(AT, &a, &Entry::TargetsErased).unwrap();
-    j.complete(AT, &a, &serde_json::json!({"test": true}))
-        .unwrap();
+    complete_frozen(&j, &a);
     assert_eq!(j.sweep_gate(later, 1000).unwrap(), (1, 1));
     assert_eq!(
         st.count("SELECT count(*) FROM leases"),
@@ -1634,10 +1633,7 @@ fn postgres_reads_and_drops_locators_a_job_froze_before_the_parts_existed() {
         j.inventory(&a, "cache").unwrap().unwrap().1,
         vec![("k:a".to_string(), 3), ("k:b".to_string(), 3)]
     );
-    j.record(AT, &a, &Entry::Drained).unwrap();
-    j.record(AT, &a, &Entry::TargetsErased).unwrap();
-    j.complete(AT, &a, &serde_json::json!({"test": true}))
-        .unwrap();
+    complete_frozen(&j, &a);
     assert_eq!(
         st.count(
             "SELECT (SELECT count(*) FROM inventory) + (SELECT count(*) FROM inventory_parts)"
