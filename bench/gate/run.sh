@@ -9,6 +9,8 @@
 #            request a cycle instead of two; POST /v1/permits with `release`)
 # - floor  : PostgreSQL alone: INSERT + UPDATE of one row per cycle, 8 clients (what a permit
 #            costs the database at the least; there is no peer: the runbook has no gate)
+# - floor-async : the same, the UPDATE on a second connection that does not wait for the WAL
+#            flush, as `lethe serve` ends permits (the floor of the two-request form)
 # - freeze : fence-close latency on PostgreSQL (each freeze revokes a lease, records a permit)
 #            target p50 < 5 ms
 # - revocation : from a freeze's commit to the `revoked` event on an open SSE stream of the
@@ -83,7 +85,8 @@ import json, sys
 d = json.load(open(sys.argv[1])); cpu = json.load(open(sys.argv[2]))
 d['label'] = sys.argv[3]; d['load'] = open('/proc/loadavg').read().split()[0]
 n = d['cycles_per_s']
-d['cpu_us_per_cycle'] = {k: round(cpu.get(k, 0) / n * 1e6) for k in ('postgres', 'lethe', 'gate_bench')}
+# By program name's start: LETHE_BIN may be a copy named lethe-old or lethe-new.
+d['cpu_us_per_cycle'] = {k: round(sum(v for p, v in cpu.items() if p.startswith(k)) / n * 1e6) for k in ('postgres', 'lethe', 'gate_bench')}
 print(json.dumps(d))
 PY
 }
@@ -104,6 +107,7 @@ for r in $(seq "$ROUNDS"); do
   modes="http http-swap"; [ $((r % 2)) = 1 ] || modes="http-swap http"
   for c in $HTTP_CLIENTS; do for m in $modes; do vacuum; run_http "$m" "$c"; done; done
   vacuum; run floor-postgres floor "$PG" 8 "$SECS"
+  vacuum; run floor-postgres-async floor "$PG" 8 "$SECS" async
   if [ -z "${ONLY_HTTP:-}" ]; then
     run freeze-postgres freeze "$PG" 300
     run revocation-push revocation "$ADDR" "$TOKEN" "$PG" 100
@@ -123,9 +127,10 @@ for label, rs in by.items():
     p99 = statistics.median(r["p99_us"] for r in rs)
     print(f"{label:18} {statistics.median(c):14,.0f} ({min(c):,.0f}-{max(c):,.0f}) {p50:9.1f} {p99:9.1f}  {','.join(r['load'] for r in rs)}")
 floor = statistics.median(r["cycles_per_s"] for r in by["floor-postgres"])
+floor_async = statistics.median(r["cycles_per_s"] for r in by["floor-postgres-async"])
 for label in ("http-postgres", "http-postgres-swap"):
     http = statistics.median(r["cycles_per_s"] for r in by[label])
     cpu = {k: statistics.median(r["cpu_us_per_cycle"][k] for r in by[label]) for k in ("postgres", "lethe", "gate_bench")}
-    print(f"{label} / floor = {http / floor:.2f}; CPU per cycle (us, median): {cpu}")
+    print(f"{label} / floor = {http / floor:.2f} (/ floor-async = {http / floor_async:.2f}); CPU per cycle (us, median): {cpu}")
 print(f"results in {sys.argv[1]}")
 PY

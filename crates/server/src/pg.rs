@@ -4,8 +4,8 @@
 //! blocking path (a pooled synchronous connection on a blocking thread) spent most of its time
 //! switching threads.
 //!
-//! Permits taken and ended are **group-committed**: one worker task, with its own connection,
-//! takes every request waiting in its queue and sends them in one call of `lethe_gate_batch`
+//! Permits taken and ended are **group-committed**: one worker task per lane (takes, ends), with
+//! its own connection, takes every request waiting in its queue and sends them in one call of `lethe_gate_batch`
 //! (one transaction, one WAL flush, one round trip). A request that finds the worker idle goes
 //! alone, so batching adds no wait of its own; under load the batches grow instead of the
 //! number of transactions. Inside the call, the locks of every scope in the batch are taken
@@ -13,6 +13,13 @@
 //! guarantees are those of a single permit. Measured on 2 cores (bench/README.md, "Gate"):
 //! PostgreSQL's CPU per take-and-release halved with 8 clients and fell to a third with 32, and
 //! more workers (more transactions in flight, smaller batches) cost more than they gained.
+//!
+//! Ends (releases and cancellations) have a worker and a connection of their own. A batch of
+//! ends alone commits without waiting for the WAL flush (`lethe_gate_batch`): losing an end in
+//! a PostgreSQL crash leaves its permit active, which only keeps a job BLOCKED, and whatever
+//! acts on an end durably (a freeze's drain set, a drained job) commits synchronously after it,
+//! which flushes the WAL past it. Batched with takes, an end waited for the takes' flush, and
+//! a take waiting on a freeze's lock held back every release queued behind it.
 //!
 //! Connections are opened lazily, one per slot, and reopened after PostgreSQL closed one; a
 //! slot's statements are prepared once per connection.
@@ -43,8 +50,19 @@ struct Slots {
     /// Leases, round robin.
     leases: Vec<Slot>,
     next: AtomicUsize,
-    /// The batch worker's.
-    batch: Slot,
+    /// The take worker's.
+    takes: Slot,
+    /// The end worker's.
+    ends: Slot,
+}
+
+/// Which worker a request goes to.
+#[derive(Clone, Copy)]
+enum Lane {
+    /// Takes, with the releases they carry: synchronous commits.
+    Takes,
+    /// Releases and cancellations alone: commits that do not wait for the WAL flush.
+    Ends,
 }
 
 /// A gate request waiting for its batch, and where its answer goes.
@@ -78,7 +96,8 @@ enum Op {
 /// Asynchronous connections to the PostgreSQL control store.
 pub(crate) struct PgGate {
     slots: Arc<Slots>,
-    queue: mpsc::UnboundedSender<Waiting>,
+    takes: mpsc::UnboundedSender<Waiting>,
+    ends: mpsc::UnboundedSender<Waiting>,
 }
 
 fn failed(e: tokio_postgres::Error) -> ApiError {
@@ -126,12 +145,12 @@ impl Slots {
 }
 
 /// Answers requests from `rx`, a batch at a time: the first request it waits for and
-/// everything queued behind it. One worker, so the batches are as big as the load makes them:
+/// everything queued behind it. One worker a lane, so the batches are as big as the load makes them:
 /// measured on 2 cores, one cost PostgreSQL the least CPU per permit and gave the most permits a
 /// second with 32 clients (two workers: smaller batches, the same throughput or less;
 /// bench/README.md, "Gate"). The price: while a freeze holds a scope's lock (a few
 /// milliseconds), a batch with a permit of that scope waits, and the requests queued behind it.
-async fn batch_worker(slots: Arc<Slots>, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+async fn batch_worker(slots: Arc<Slots>, lane: Lane, mut rx: mpsc::UnboundedReceiver<Waiting>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -157,7 +176,7 @@ async fn batch_worker(slots: Arc<Slots>, mut rx: mpsc::UnboundedReceiver<Waiting
                 )
             })
             .count();
-        match run_batch(&slots, &takes, &ends).await {
+        match run_batch(&slots, lane, &takes, &ends).await {
             Ok(results) if results.len() == takes.len() + ends.len() + swaps => {
                 let (took, rest) = results.split_at(takes.len());
                 let (ended, mut swapped) = rest.split_at(ends.len());
@@ -201,6 +220,7 @@ async fn batch_worker(slots: Arc<Slots>, mut rx: mpsc::UnboundedReceiver<Waiting
 /// One call of `lethe_gate_batch`: one transaction, one round trip.
 async fn run_batch(
     slots: &Slots,
+    lane: Lane,
     takes: &[Waiting],
     ends: &[Waiting],
 ) -> Result<Vec<i64>, ApiError> {
@@ -245,7 +265,12 @@ async fn run_batch(
             end_keys.push(key.as_deref());
         }
     }
-    let c = slots.conn(&slots.batch).await?;
+    let c = slots
+        .conn(match lane {
+            Lane::Takes => &slots.takes,
+            Lane::Ends => &slots.ends,
+        })
+        .await?;
     let row = c
         .client
         .query_one(
@@ -258,25 +283,31 @@ async fn run_batch(
 }
 
 impl PgGate {
-    /// Must be called inside the server's runtime: it spawns the batch worker, which ends when
-    /// the gate is dropped.
+    /// Must be called inside the server's runtime: it spawns the two batch workers, which end
+    /// when the gate is dropped.
     pub(crate) fn new(settings: lethe_postgres::Settings, connections: usize) -> Self {
         let slots = Arc::new(Slots {
             settings,
             leases: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-            batch: Mutex::new(None),
+            takes: Mutex::new(None),
+            ends: Mutex::new(None),
         });
-        let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(batch_worker(Arc::clone(&slots), rx));
-        Self { slots, queue }
+        let (takes, rx) = mpsc::unbounded_channel();
+        tokio::spawn(batch_worker(Arc::clone(&slots), Lane::Takes, rx));
+        let (ends, rx) = mpsc::unbounded_channel();
+        tokio::spawn(batch_worker(Arc::clone(&slots), Lane::Ends, rx));
+        Self { slots, takes, ends }
     }
 
     async fn submit(&self, op: Op) -> Result<Answer, ApiError> {
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Waiting { op, reply })
-            .map_err(|_| ApiError::unavailable())?;
+        match op {
+            Op::Take { .. } => &self.takes,
+            Op::End { .. } => &self.ends,
+        }
+        .send(Waiting { op, reply })
+        .map_err(|_| ApiError::unavailable())?;
         answer.await.map_err(|_| ApiError::unavailable())?
     }
 

@@ -487,6 +487,67 @@ fn postgres_connections_cut_under_the_server_are_reopened() {
     }
 }
 
+/// A take that waits on a freeze's scope lock holds back no release: ends have their own worker
+/// and connection (`pg.rs`). Here an open transaction holds the subject's lock as a freeze
+/// does; a take for that subject waits in PostgreSQL; a release of the same lease's earlier
+/// permit is answered meanwhile, and the take is granted once the lock goes.
+#[test]
+fn a_release_is_answered_while_a_take_waits_on_a_freezes_lock() {
+    let env = Env::new(Backend::Postgres, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "bob", &[], 600_000).unwrap();
+    let held = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    let mut freeze = postgres::Client::connect(&env.journal, postgres::NoTls).unwrap();
+    let mut lock = freeze.transaction().unwrap();
+    lock.execute(
+        "SELECT pg_advisory_xact_lock(1818588265, hashtext('acme' || chr(31) || 'bob'))",
+        &[],
+    )
+    .unwrap();
+    let (took_tx, took) = mpsc::channel();
+    let taker = env.runtime();
+    let lease_id = lease.lease_id;
+    std::thread::spawn(move || {
+        let _ = took_tx.send(taker.take_permit(lease_id, Sink::State));
+    });
+    // Until the take's batch waits on the lock inside PostgreSQL.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while env.count(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lethe-serve' \
+          AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+    ) == 0
+    {
+        assert!(Instant::now() < deadline, "the take never reached the lock");
+        std::thread::yield_now();
+    }
+    let (released_tx, released) = mpsc::channel();
+    let releaser = env.runtime();
+    std::thread::spawn(move || {
+        let _ = released_tx.send(releaser.release_permit(held));
+    });
+    // A release queued behind the waiting take would wait as long as the lock is held: the
+    // bound turns that into a failure instead of a hang.
+    let answer = released.recv_timeout(Duration::from_secs(20));
+    let waiting = took.try_recv().is_err();
+    lock.commit().unwrap();
+    answer
+        .expect("the release was answered while the take waited on the lock")
+        .unwrap();
+    assert!(
+        waiting,
+        "the take was still waiting when the release was answered"
+    );
+    let p = took.recv_timeout(Duration::from_secs(30)).unwrap().unwrap();
+    rt.release_permit(p).unwrap();
+    assert_eq!(
+        env.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {} AND state = 'released'",
+            lease.lease_id
+        )),
+        2
+    );
+}
+
 fn permit_round_trip_roles_and_refusals(b: Backend) {
     let env = Env::new(b, Arc::new(SystemClock));
     let rt = env.runtime();
