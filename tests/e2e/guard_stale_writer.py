@@ -10,9 +10,10 @@ carry the guard (`lethe guard install`):
            compiled StateGraph with PostgresSaver on thread T, and puts a store item K through
            PostgresStore. It keeps T's last checkpoint in memory, as a worker mid-run would.
            Everyone else's rows are snapshotted (row::text).
-  phase B  (`lethe erase` is paused inside the job, between FROZEN and COMPLETE) writes for
-           alice are refused (LT001) even with a current token; bob, unfenced, writes without a
-           token.
+  phase B  (`lethe erase` is paused inside the job, after its inventory) writes for alice
+           are refused (LT001) even with a current token, and any write to her inventoried
+           thread T (LT003), a checkpoint naming no owner included; bob, unfenced, writes
+           without a token.
   phase C  (the job is COMPLETE; the new epoch is passed in) the stale worker tries
            PostgresSaver.put and put_writes on T, continues T through the graph, starts a new
            thread and PostgresStore.put K and a new key, all with its old epoch: every one is
@@ -178,8 +179,22 @@ def main() -> int:
                 lambda: app.invoke({"messages": ["x"]}, run_config(f"guardtest-{uuid.uuid4()}", ALICE, stale_epoch)))
         refused("B: graph run for alice with a newer token", "LT001",
                 lambda: app.invoke({"messages": ["x"]}, run_config(f"guardtest-{uuid.uuid4()}", ALICE, stale_epoch + 1)))
-        refused("B: put_writes on alice's live thread", "LT001",
+        # T was inventoried before this pause, and the guard records what an inventory finds as
+        # erased at once: every write to T is refused as a write to an erased thread, whoever
+        # it names. That includes a checkpoint whose metadata names no owner (a state update
+        # made without run metadata says only {"source": "update"}): before, the guard judged
+        # it by its own metadata and admitted it, and the job then blocked on
+        # anomalous_volume (more rows than inventoried), so the resume below did not reach
+        # COMPLETE.
+        refused("B: put_writes on alice's inventoried thread", "LT003",
                 lambda: saver.put_writes(last.config, [("messages", ["late"])], "task-b"))
+        refused("B: update_state on alice's inventoried thread", "LT003",
+                lambda: app.update_state({"configurable": {"thread_id": T}}, {"note": "late"}))
+        # No new channel versions: no blob rides with it (a blob is judged by a checkpoint of
+        # its thread, which names alice), only the checkpoint row and its own metadata.
+        ck_b = create_checkpoint(last.checkpoint, None, last.metadata["step"] + 1)
+        refused("B: PostgresSaver.put of a checkpoint naming no owner on alice's inventoried thread", "LT003",
+                lambda: saver.put(last.config, ck_b, {"source": "update", "step": last.metadata["step"] + 1, "parents": {}}, {}))
         refused("B: PostgresStore.put for alice", "LT001",
                 lambda: store.put(ns_alice, "guardtest-b", item("x", stale_epoch + 1)))
         admitted("B: bob, not fenced, writes without a token",

@@ -3,8 +3,8 @@
 //! DESIGN.md, "Sinks enforce it too": a store that accepts memory writes checks the fencing
 //! token, so a stale worker, an expired outbox or a recovery task cannot write around the gate.
 //! An adapter whose store can hold such a guard returns one from [`crate::Adapter::guard`]; the
-//! engine keeps it current during each job (close the fence at FROZEN, record what is erased
-//! before erasing it, open the fence at COMPLETE) and `lethe guard` installs it.
+//! engine keeps it current during each job (close the fence at FROZEN, record what each
+//! inventory found as erased as soon as it is read, open the fence at COMPLETE) and `lethe guard` installs it.
 //!
 //! Today only the LangGraph PostgreSQL adapters have one (`crate::postgres_guard`).
 

@@ -2746,37 +2746,36 @@ fn demo_never_overwrites_a_folder_it_did_not_make() {
     }
 }
 
-/// A database guard installed while a job lay killed mid-erase is closed for that job and told
-/// what it erased already when the job is picked up again: a write for the person is refused
-/// while the job runs, and a stale one after it completed. Found by review: only a job resumed
-/// from FROZEN or BLOCKED closed the guard, so the fence stayed open and the erased items
-/// unknown, and writes for the person were admitted during and after the job.
-#[test]
-fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
-    let admin = std::env::var("LETHE_PG15_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let template = std::env::var("LETHE_PG_TEMPLATE").unwrap_or_else(|_| "lethe_tpl".into());
-    let name = format!("lethe_cg_{}", std::process::id());
-    let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
-    c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .unwrap();
-    c.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
-        .expect("the LangGraph template database (scripts/test makes it)");
-    struct Drop_(String, String);
-    impl Drop for Drop_ {
-        fn drop(&mut self) {
-            if let Ok(mut c) = postgres::Client::connect(&self.0, postgres::NoTls) {
-                let _ =
-                    c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.1));
-            }
-        }
+/// A database made from the LangGraph template of scripts/test (LETHE_PG15_URL), dropped when
+/// dropped, with the helpers the guard tests below share.
+struct TemplateDb {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl TemplateDb {
+    fn new(prefix: &str) -> Self {
+        let admin = std::env::var("LETHE_PG15_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let template = std::env::var("LETHE_PG_TEMPLATE").unwrap_or_else(|_| "lethe_tpl".into());
+        let name = format!("{prefix}_{}", std::process::id());
+        let mut c = postgres::Client::connect(&admin, postgres::NoTls).unwrap();
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .unwrap();
+        c.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+            .expect("the LangGraph template database (scripts/test makes it)");
+        let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
+        Self { admin, name, url }
     }
-    let _drop = Drop_(admin.clone(), name.clone());
-    let url = format!("{}/{name}", admin.rsplit_once('/').unwrap().0);
-    // Every other subject's rows, byte for byte (as text), for the end.
-    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
-    let alices: Vec<String> = db
-        .query(
+
+    fn connect(&self) -> postgres::Client {
+        postgres::Client::connect(&self.url, postgres::NoTls).unwrap()
+    }
+
+    /// acme/alice's threads, registry and metadata (as the inventory finds them).
+    fn alices_threads(db: &mut postgres::Client) -> Vec<String> {
+        db.query(
             "SELECT thread_id FROM thread_registry WHERE tenant_id = 'acme' AND user_id = 'alice'
              UNION SELECT thread_id FROM checkpoints
               WHERE metadata->>'tenant_id' = 'acme' AND metadata->>'user_id' = 'alice'",
@@ -2785,8 +2784,11 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
         .unwrap()
         .iter()
         .map(|r| r.get(0))
-        .collect();
-    let others = |db: &mut postgres::Client| -> String {
+        .collect()
+    }
+
+    /// Every other subject's rows, byte for byte (as text), in one digest.
+    fn others(db: &mut postgres::Client, alices: &[String]) -> String {
         db.query_one(
             "SELECT md5(coalesce(string_agg(x, '|' ORDER BY x), '')) FROM (
                SELECT 'c' || c::text AS x FROM checkpoints c WHERE thread_id <> ALL($1)
@@ -2800,15 +2802,17 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
         )
         .unwrap()
         .get(0)
-    };
-    let others_before = others(&mut db);
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("lethe.toml"),
-        format!(
-            r#"[control]
+    }
+
+    /// A config with this database's store and checkpointer (registry and metadata) targets.
+    fn config(&self, dir: &Path, batch_size: usize) {
+        let url = &self.url;
+        std::fs::write(
+            dir.join("lethe.toml"),
+            format!(
+                r#"[control]
 journal = "sqlite:journal.db"
-batch_size = 1
+batch_size = {batch_size}
 
 [[target]]
 name = "memories"
@@ -2825,9 +2829,37 @@ url = "{url}?sslmode=disable"
 registry = {{ table = "public.thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
 metadata = {{ tenant = "tenant_id", subject = "user_id" }}
 "#
-        ),
-    )
-    .unwrap();
+            ),
+        )
+        .unwrap();
+    }
+}
+
+impl Drop for TemplateDb {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
+            let _ = c.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+/// A database guard installed while a job lay killed mid-erase is closed for that job and told
+/// what it erased already when the job is picked up again: a write for the person is refused
+/// while the job runs, and a stale one after it completed. Found by review: only a job resumed
+/// from FROZEN or BLOCKED closed the guard, so the fence stayed open and the erased items
+/// unknown, and writes for the person were admitted during and after the job.
+#[test]
+fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
+    let tdb = TemplateDb::new("lethe_cg");
+    let mut db = tdb.connect();
+    let alices = TemplateDb::alices_threads(&mut db);
+    let others = |db: &mut postgres::Client| TemplateDb::others(db, &alices);
+    let others_before = others(&mut db);
+    let dir = tempfile::tempdir().unwrap();
+    tdb.config(dir.path(), 1);
     let lethe = |args: &[&str]| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lethe"));
         cmd.arg("--config")
@@ -2926,6 +2958,120 @@ metadata = {{ tenant = "tenant_id", subject = "user_id" }}
     );
     assert_eq!(
         others(&mut db),
+        others_before,
+        "every other subject's rows kept"
+    );
+}
+
+/// A write that names no owner, on a thread of the person, while the inventory is being read
+/// (the fence closed, the guard not yet told of the thread): the guard records what the
+/// inventory found and the inventory is read again, so the row is counted, erased and
+/// certified, and from the record on such writes are refused. Before, the guard learnt of the
+/// thread only when its erase began, the row was admitted (up to then, too), and the erase
+/// found more rows than inventoried: the job blocked on `anomalous_volume` (found by review).
+#[test]
+fn a_checkpoint_naming_no_owner_written_during_the_inventory_is_counted_and_erased() {
+    let tdb = TemplateDb::new("lethe_cn");
+    let mut db = tdb.connect();
+    let alices = TemplateDb::alices_threads(&mut db);
+    let others_before = TemplateDb::others(&mut db, &alices);
+    let thread: String = db
+        .query_one(
+            "SELECT min(thread_id) FROM checkpoints
+              WHERE metadata->>'tenant_id' = 'acme' AND metadata->>'user_id' = 'alice'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let dir = tempfile::tempdir().unwrap();
+    tdb.config(dir.path(), 100);
+    let lethe = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lethe"));
+        cmd.arg("--config")
+            .arg(dir.path().join("lethe.toml"))
+            .args(args)
+            .env_remove("LETHE_LOG");
+        cmd
+    };
+    for t in ["checkpoints", "memories"] {
+        let out = lethe(&["guard", "install", "--target", t])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let out = lethe(&[
+        "inventory",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--json",
+    ])
+    .output()
+    .unwrap();
+    let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = inv["targets"]["checkpoints"]["count"].as_u64().unwrap();
+    assert!(rows > 0);
+    let marker = dir.path().join("paused");
+    let run = lethe(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T-10",
+        "--drain-timeout",
+        "0",
+        "--json",
+    ])
+    .env("LETHE_TEST_PAUSE_AT", "after-inventory-read:checkpoints")
+    .env("LETHE_TEST_PAUSE_FILE", &marker)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !marker.exists() {
+        assert!(std::time::Instant::now() < deadline, "never paused");
+        std::thread::yield_now();
+    }
+    // A state update made without run metadata: its checkpoint says only where it came from.
+    let late =
+        "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata)
+                VALUES ($1, '', $2, '{}'::jsonb, '{\"source\": \"update\"}'::jsonb)";
+    assert_eq!(
+        db.execute(late, &[&thread, &"late-no-owner-1"]).unwrap(),
+        1,
+        "admitted: the guard has not heard of the thread yet"
+    );
+    std::fs::remove_file(&marker).unwrap();
+    let out = run.wait_with_output().unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "COMPLETE");
+    assert_eq!(
+        v["certificate"]["targets"]["checkpoints"]["count"].as_u64(),
+        Some(rows + 1),
+        "the late row is counted"
+    );
+    assert_eq!(
+        db.query_one(
+            "SELECT count(*) FROM checkpoints WHERE thread_id = ANY($1)",
+            &[&alices]
+        )
+        .unwrap()
+        .get::<_, i64>(0),
+        0
+    );
+    let again = db
+        .execute(late, &[&thread, &"late-no-owner-2"])
+        .unwrap_err();
+    assert_eq!(again.code().map(|c| c.code()), Some("LT003"), "{again}");
+    assert_eq!(
+        TemplateDb::others(&mut db, &alices),
         others_before,
         "every other subject's rows kept"
     );

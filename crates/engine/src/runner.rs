@@ -640,6 +640,7 @@ impl Engine {
     fn take_inventories(
         &self,
         job: &JobRecord,
+        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
         let scope = Self::frozen_scope(job);
@@ -650,7 +651,7 @@ impl Engine {
             }
         }
         let done = self.each_target(todo, progress, |t, report| {
-            self.inventory_target(job, &scope, t, report)
+            self.inventory_target(job, &scope, t, opts, report)
         });
         for (t, r) in done {
             if let Some(e) = r? {
@@ -660,12 +661,55 @@ impl Engine {
         Ok(Step::Next)
     }
 
+    /// A target's inventory. Where a database guard is installed, what the inventory found is
+    /// recorded in it as erased at once (it is what the job will erase), and the inventory is
+    /// taken again: from the record on, no write to those threads or items is admitted
+    /// whoever it names, so the second reading is final for them. Before, the guard learnt
+    /// them only when their target's erase began, and a write between the inventory and then
+    /// that names no owner (LangGraph's `update_state()` without run metadata writes
+    /// `{"source": "update"}`) was admitted on the person's thread; its erase then took more
+    /// rows than inventoried and the job blocked on `anomalous_volume` (found by review,
+    /// 2026-12-04). Locators that appear in the second reading (a thread registered meanwhile)
+    /// are recorded in turn, for a few rounds; the anomaly guard covers anything later.
+    fn inventory_guarded(
+        &self,
+        job: &JobRecord,
+        scope: &Scope,
+        t: &Target,
+        opts: &RunOptions,
+    ) -> Result<lethe_adapters::Inventory, AdapterError> {
+        let mut inv = t.adapter.inventory(scope)?;
+        self.pause_point(opts, &format!("after-inventory-read:{}", t.name));
+        let Some(g) = t.adapter.guard() else {
+            return Ok(inv);
+        };
+        let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
+        let mut recorded = std::collections::HashSet::new();
+        for _ in 0..3 {
+            if !g.record_erased(&fence, &inv.locators)? {
+                return Ok(inv);
+            }
+            recorded.extend(inv.locators.iter().map(|(l, _)| l.clone()));
+            let again = t.adapter.inventory(scope)?;
+            let settled = again.locators.iter().all(|(l, _)| recorded.contains(l));
+            if again.count != inv.count {
+                tracing::warn!(job = %job.job_id, target = %t.name, before = inv.count, after = again.count, "Rows of the scope were written while the inventory was taken; the guard refuses more.");
+            }
+            inv = again;
+            if settled {
+                break;
+            }
+        }
+        Ok(inv)
+    }
+
     /// One target's inventory, journaled. `Ok(Some(e))`: the adapter failed (not journaled).
     fn inventory_target(
         &self,
         job: &JobRecord,
         scope: &Scope,
         t: &Target,
+        opts: &RunOptions,
         report: &dyn Fn(Progress),
     ) -> Result<Option<AdapterError>, EngineError> {
         let (count, locators, event) = match t.adapter.check_scope(scope).map_err(input)? {
@@ -684,7 +728,7 @@ impl Engine {
                 };
                 (0, Vec::new(), event)
             }
-            Applicability::Applies => match t.adapter.inventory(scope) {
+            Applicability::Applies => match self.inventory_guarded(job, scope, t, opts) {
                 Ok(inv) => {
                     tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
                     let event = Progress::Inventoried {
@@ -725,7 +769,7 @@ impl Engine {
         if undrained > 0 {
             return self.block(&job.job_id, BlockedReason::Undrained, None, format!("{undrained} permits issued before the freeze are neither released nor confirmed cancelled"));
         }
-        if let Step::Blocked = self.take_inventories(job, progress)? {
+        if let Step::Blocked = self.take_inventories(job, opts, progress)? {
             return Ok(Step::Blocked);
         }
         self.pause_point(opts, "after-inventory");
@@ -833,7 +877,7 @@ impl Engine {
         claim: &Mutex<&mut Claim>,
     ) -> Result<Step, EngineError> {
         // A job resumed from a block in FROZEN may not have every inventory yet.
-        if let Step::Blocked = self.take_inventories(job, progress)? {
+        if let Step::Blocked = self.take_inventories(job, opts, progress)? {
             return Ok(Step::Blocked);
         }
         // All targets at once; an adapter error blocks the job on the first such target in
