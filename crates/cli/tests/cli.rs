@@ -3076,3 +3076,53 @@ fn a_checkpoint_naming_no_owner_written_during_the_inventory_is_counted_and_eras
         "every other subject's rows kept"
     );
 }
+
+/// An embedding process's in-process gate (`Engine::memory_gate`) holds leases and permits in
+/// memory and hears only of the fences its own engine closes. While it runs, `lethe erase` from
+/// another process is refused (exit 3) before its freeze, touching no target, and the gate goes
+/// on as before; once that process has ended, the erasure runs. Before, the other process closed
+/// the fence in the journal only, and the in-process gate kept admitting permits for the person
+/// while their memory was erased.
+#[test]
+fn an_erasure_from_another_process_than_the_in_process_gate_is_refused_and_touches_nothing() {
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&["jobs"])), 0); // creates the journal and the key
+    let others = env.others_rows();
+    let before = env.memory_bytes();
+    let config = lethe_engine::Config::load(&env.path().join("lethe.toml")).unwrap();
+    let clock: std::sync::Arc<dyn lethe_core::clock::Clock> =
+        std::sync::Arc::new(lethe_core::clock::SystemClock);
+    let mut engine = lethe_engine::Engine::open(config, clock).unwrap();
+    let gate = engine.memory_gate().unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let (acme, alice) = (
+        lethe_core::Tenant::new("acme").unwrap(),
+        lethe_core::Subject::new("alice").unwrap(),
+    );
+    let lease = gate
+        .take_lease(now, &acme, &alice, &[], std::time::Duration::from_secs(600))
+        .unwrap();
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("in-process gate (Engine::memory_gate) governs this control store"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains("alice"), "{}", stderr(&out));
+    assert_eq!(env.memory_bytes(), before, "no target touched");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert_eq!(jobs[0]["state"], "REQUESTED");
+    // The gate's own state is as it was: no fence it does not know of.
+    let p = gate
+        .take_permit(now, lease.id, lethe_journal::gate::Sink::Tool)
+        .unwrap();
+    gate.release_permit(p.id).unwrap();
+    drop(gate);
+    drop(engine);
+    let out = env.run(&["work", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert_eq!(jobs[0]["state"], "COMPLETE");
+    assert_eq!(env.others_rows(), others, "others untouched");
+}

@@ -77,7 +77,8 @@ impl EngineError {
         match self {
             EngineError::Input(_) | EngineError::Key(_) => 2,
             EngineError::Held { .. } => 4,
-            EngineError::Claimed(_) => 3,
+            EngineError::Claimed(_)
+            | EngineError::Journal(lethe_journal::JournalError::GateAuthority) => 3,
             _ => 1,
         }
     }

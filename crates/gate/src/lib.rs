@@ -114,8 +114,14 @@ impl std::fmt::Debug for MemoryGate {
 }
 
 impl MemoryGate {
-    /// Starts from the journal's epochs, open fences and tombstones, with no lease.
+    /// Starts from the journal's epochs, open fences and tombstones, with no lease. First makes
+    /// `journal` the store's gate authority ([`Journal::hold_gate_authority`]): from then on a
+    /// freeze through any other journal of the store (another process's `lethe erase`) is
+    /// refused, since this gate would never hear of its fence; freeze through `journal`, with
+    /// [`MemoryGate::freeze`]. Refused with [`JournalError::GateAuthority`] while another
+    /// gate holds the authority.
     pub fn load(journal: &Journal) -> Result<Self, JournalError> {
+        journal.hold_gate_authority()?;
         let g = journal.gate_state()?;
         let mut s = State {
             next_lease: 1,

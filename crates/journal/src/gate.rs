@@ -557,7 +557,25 @@ impl Journal {
     /// Closes the fence for a REQUESTED job, atomically with the `FenceClosed` entry.
     /// `version` is the memory version to tombstone (memory scope; resolved by the engine).
     pub fn freeze(&self, at: &str, job_id: &str, version: Option<&Version>) -> Result<Freeze> {
+        // Not while another process's in-process gate is the authority: it would never hear
+        // of this fence and keep admitting permits (SQLite: a shared lock held to the commit).
+        let _outside = self.outside_gate_authority()?;
+        let authority = self.holds_gate_authority();
         self.write(|tx| {
+            if tx.is_postgres() && !authority {
+                // The same on PostgreSQL, in the freeze's transaction: the gate authority's
+                // session lock is exclusive, and waits for this one to commit before its gate
+                // loads the fences.
+                let free = tx
+                    .row(
+                        "SELECT CAST(pg_try_advisory_xact_lock_shared($1) AS TEXT)",
+                        &[crate::PG_GATE_AUTHORITY.into()],
+                    )
+                    .map_err(db)?;
+                if free.as_ref().and_then(|r| r.first()).and_then(V::t) != Some("true") {
+                    return Err(crate::JournalError::GateAuthority);
+                }
+            }
             let job = load_job(tx, job_id)?;
             let t = job.scope.tenant().as_str().to_string();
             if tx.is_postgres() {

@@ -75,6 +75,10 @@ pub enum JournalError {
     /// A gate refusal; see [`gate::GateError`].
     #[error(transparent)]
     Gate(#[from] gate::GateError),
+    /// Another process's in-process gate is this journal's authority ([`Journal::hold_gate_authority`]):
+    /// a freeze here would close a fence that gate never hears of.
+    #[error("another process's in-process gate (Engine::memory_gate) governs this control store: its leases and permits live in that process, which would not see this erasure's fence. Run the erasure through that process, or stop it first; nothing was touched")]
+    GateAuthority,
 }
 
 /// Shorthand for this crate's results.
@@ -118,7 +122,30 @@ pub struct Journal {
     backend: Backend,
     /// For messages: a path, or a URL without its password.
     shown: String,
+    /// Held while this journal is an in-process gate's ([`Journal::hold_gate_authority`]).
+    authority: Mutex<Option<Authority>>,
 }
+
+/// What holds a journal's gate authority: an exclusive lock on `<journal>-gate` (SQLite), or a
+/// session advisory lock on a connection of its own (PostgreSQL). Either dies with the process.
+enum Authority {
+    File(#[allow(dead_code)] std::fs::File),
+    Pg(Box<postgres::Client>),
+}
+
+impl Drop for Authority {
+    fn drop(&mut self) {
+        // Released before the drop returns: a closed connection's backend lets its locks go
+        // a moment later, and a freeze in that moment would be refused.
+        if let Authority::Pg(c) = self {
+            let _ = c.batch_execute("SELECT pg_advisory_unlock_all()");
+        }
+    }
+}
+
+/// The session advisory lock an in-process gate holds on a PostgreSQL journal; every freeze
+/// takes it shared for its transaction.
+pub(crate) const PG_GATE_AUTHORITY: i64 = 0x006c_6574_6867;
 
 impl std::fmt::Debug for Journal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,6 +233,7 @@ impl Journal {
                 path: path.to_path_buf(),
             },
             shown,
+            authority: Mutex::default(),
         };
         j.write(|tx| schema::migrate(tx, schema::Dialect::Sqlite).map_err(|m| j.db(m)))?;
         Ok(j)
@@ -231,9 +259,79 @@ impl Journal {
                 spare: Mutex::default(),
             },
             shown,
+            authority: Mutex::default(),
         };
         j.write(|tx| schema::migrate(tx, schema::Dialect::Postgres).map_err(|m| j.db(m)))?;
         Ok(j)
+    }
+
+    /// Makes this journal an in-process gate's authority, for as long as it lives: from now on a
+    /// freeze through any other `Journal` of this store (another process's `lethe erase`,
+    /// `work` or `serve`) is refused with [`JournalError::GateAuthority`] and touches nothing,
+    /// since the in-process gate would never hear of its fence. Idempotent. Refused with the
+    /// same error when another journal holds it already (or, for an instant, while another
+    /// process's freeze is committing: try again). Take it before loading the gate's state,
+    /// so that every freeze that got past the check is in what the gate loads.
+    pub fn hold_gate_authority(&self) -> Result<()> {
+        let mut held = lock(&self.authority);
+        if held.is_some() {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Sqlite { path, .. } => {
+                let file =
+                    gate_file(path).map_err(|e| self.db(format!("gate authority file: {e}")))?;
+                match file.try_lock() {
+                    Ok(()) => *held = Some(Authority::File(file)),
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(JournalError::GateAuthority)
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => {
+                        return Err(self.db(format!("gate authority file: {e}")))
+                    }
+                }
+            }
+            Backend::Postgres { .. } => {
+                let Some(mut c) = self.pg_connect()? else {
+                    unreachable!("a PostgreSQL journal connects or fails");
+                };
+                let got: bool = c
+                    .query_one("SELECT pg_try_advisory_lock($1)", &[&PG_GATE_AUTHORITY])
+                    .map_err(|e| self.db(db::pg_err(e)))?
+                    .get(0);
+                if !got {
+                    return Err(JournalError::GateAuthority);
+                }
+                *held = Some(Authority::Pg(Box::new(c)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this journal holds the gate authority.
+    pub(crate) fn holds_gate_authority(&self) -> bool {
+        lock(&self.authority).is_some()
+    }
+
+    /// On SQLite, for a freeze through a journal that is not the gate authority: a shared lock
+    /// on `<journal>-gate`, held until the freeze has committed, or
+    /// [`JournalError::GateAuthority`] while an in-process gate holds it. `None` on PostgreSQL
+    /// (the freeze's transaction checks there) and for the authority itself.
+    pub(crate) fn outside_gate_authority(&self) -> Result<Option<std::fs::File>> {
+        let Backend::Sqlite { path, .. } = &self.backend else {
+            return Ok(None);
+        };
+        if self.holds_gate_authority() {
+            return Ok(None);
+        }
+        let file = gate_file(path).map_err(|e| self.db(format!("gate authority file: {e}")))?;
+        match file.try_lock_shared() {
+            Ok(()) => Ok(Some(file)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(JournalError::GateAuthority),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(self.db(format!("gate authority file: {e}")))
+            }
+        }
     }
 
     /// Whether several processes may share this store (PostgreSQL).
@@ -395,6 +493,17 @@ impl Journal {
 /// under steady write traffic from several connections of one process a waiter can starve past
 /// any busy timeout ("database is locked"); queueing this process's writers on a mutex first
 /// leaves the busy handler only other processes to wait for.
+/// `<journal>-gate`, beside the journal file, readable by its owner only.
+fn gate_file(journal: &Path) -> std::io::Result<std::fs::File> {
+    let mut name = journal.as_os_str().to_owned();
+    name.push("-gate");
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).truncate(false).write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o.open(PathBuf::from(name))
+}
+
 fn file_lock(path: &Path) -> Arc<Mutex<()>> {
     static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Weak<Mutex<()>>>>> = OnceLock::new();
     let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());

@@ -172,7 +172,44 @@ both!(
     an_extended_inventory_adds_to_each_allowance_and_completion_drops_every_locator,
     a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze,
     sendings_of_one_keyed_take_racing_register_one_permit,
+    a_freeze_outside_the_gate_authority_is_refused_and_touches_nothing,
 );
+
+/// While one journal holds the store's gate authority (an in-process gate's, which knows only
+/// the fences its own journal closes), a freeze through any other journal of the store is
+/// refused and changes nothing; a second authority is refused; the authority itself freezes;
+/// once it is gone (its process ended), others freeze again. Before, another process's freeze
+/// closed a fence the in-process gate never heard of, and it kept admitting permits.
+fn a_freeze_outside_the_gate_authority_is_refused_and_touches_nothing(st: Store) {
+    let gate = st.open();
+    let other = st.open();
+    let a = job(&other, "del-a", subject_scope("acme", "alice"));
+    let b = job(&other, "del-b", subject_scope("acme", "bob"));
+    gate.hold_gate_authority().unwrap();
+    gate.hold_gate_authority().unwrap();
+    assert!(matches!(
+        other.hold_gate_authority(),
+        Err(JournalError::GateAuthority)
+    ));
+    let entries = st.count("SELECT count(*) FROM journal");
+    assert!(matches!(
+        other.freeze(AT, &a, None),
+        Err(JournalError::GateAuthority)
+    ));
+    assert_eq!(st.count("SELECT count(*) FROM journal"), entries);
+    assert_eq!(st.count("SELECT count(*) FROM fences"), 0);
+    assert_eq!(st.count("SELECT count(*) FROM epochs"), 0);
+    assert_eq!(
+        other.job(&a).unwrap().state,
+        lethe_core::JobState::Requested
+    );
+    // The authority's own journal freezes.
+    gate.freeze(AT, &b, None).unwrap();
+    assert_eq!(st.count("SELECT count(*) FROM fences"), 1);
+    drop(gate);
+    other.freeze(AT, &a, None).unwrap();
+    assert_eq!(st.count("SELECT count(*) FROM fences"), 2);
+}
 
 /// The schema's fingerprint is recorded; an open that finds it runs no DDL, an open that finds
 /// another (an older Lethe's schema) migrates and records the new one.
