@@ -37,6 +37,7 @@ pub fn run(args: Args) -> i32 {
         Ok(code) => code,
         Err(Exit(code, e)) => {
             eprintln!("error: {e:#}");
+            crate::output::json_error(code, &format!("{e:#}"));
             code
         }
     }

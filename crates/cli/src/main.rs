@@ -40,21 +40,26 @@ fn main() {
 /// and stderr often ends up in a log.
 fn refuse_args(e: clap::Error) -> ! {
     use clap::error::{ContextKind, ErrorKind};
+    let refuse = |message: String| -> ! {
+        eprintln!("error: {message}");
+        output::json_error(2, &message);
+        std::process::exit(2);
+    };
     if e.kind() == ErrorKind::UnknownArgument && e.get(ContextKind::SuggestedArg).is_none() {
-        eprintln!(
-            "error: unexpected argument (not repeated here: it may be an identifier); every value \
+        refuse(
+            "unexpected argument (not repeated here: it may be an identifier); every value \
              needs its flag, and a value that starts with '-' is written with '=', as \
              --subject=-x; see `lethe --help`"
+                .into(),
         );
-        std::process::exit(2);
     }
     if e.kind() == ErrorKind::InvalidSubcommand && e.get(ContextKind::SuggestedSubcommand).is_none()
     {
-        eprintln!(
-            "error: unrecognized command (not repeated here: it may be an identifier); see \
+        refuse(
+            "unrecognized command (not repeated here: it may be an identifier); see \
              `lethe --help` for the commands"
+                .into(),
         );
-        std::process::exit(2);
     }
     if matches!(
         e.kind(),
@@ -68,11 +73,14 @@ fn refuse_args(e: clap::Error) -> ! {
             Some(clap::error::ContextValue::Strings(v)) => format!("; one of: {}", v.join(", ")),
             _ => String::new(),
         };
-        eprintln!(
-            "error: invalid value for {flag} (not repeated here: it may be an identifier){valid}; \
+        refuse(format!(
+            "invalid value for {flag} (not repeated here: it may be an identifier){valid}; \
              see `lethe help`"
-        );
-        std::process::exit(2);
+        ));
+    }
+    if e.use_stderr() {
+        // Any other refusal of the command line (a missing flag, say): clap's own message.
+        output::json_error(2, e.kind().as_str().unwrap_or("invalid command line"));
     }
     e.exit()
 }

@@ -8,6 +8,7 @@ use serde_json::Value;
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        $crate::output::WROTE.store(true, std::sync::atomic::Ordering::Relaxed);
         if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
             std::process::exit(141);
         }
@@ -18,10 +19,30 @@ macro_rules! outln {
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
+        $crate::output::WROTE.store(true, std::sync::atomic::Ordering::Relaxed);
         if write!(std::io::stdout().lock(), $($arg)*).is_err() {
             std::process::exit(141);
         }
     }};
+}
+
+/// Whether anything was printed on stdout (by [`outln!`] or [`out!`]).
+pub static WROTE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the command line asked for JSON (`--json` as an argument of its own; a value is
+/// always given after its flag, so an identifier spelt `--json` is not taken for it).
+pub fn json_asked() -> bool {
+    std::env::args_os().skip(1).any(|a| a == "--json")
+}
+
+/// With `--json`, an error also goes to stdout as `{"error": {"exit_code", "message"}}`, so a
+/// script reading stdout gets JSON whatever happened; not when a result was printed already
+/// (stdout holds one JSON document). The message is the one on stderr, which names no
+/// identifier.
+pub fn json_error(code: i32, message: &str) {
+    if json_asked() && !WROTE.load(std::sync::atomic::Ordering::Relaxed) {
+        print_json(&serde_json::json!({"error": {"exit_code": code, "message": message}}));
+    }
 }
 
 /// Prints pretty JSON on stdout.

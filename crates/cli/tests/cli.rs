@@ -3126,3 +3126,93 @@ fn an_erasure_from_another_process_than_the_in_process_gate_is_refused_and_touch
     assert_eq!(jobs[0]["state"], "COMPLETE");
     assert_eq!(env.others_rows(), others, "others untouched");
 }
+
+/// With `--json`, a refusal is JSON on stdout too (`{"error": {"exit_code", "message"}}`), with
+/// the exit code and the stderr message (for clap's own refusals, clap's kind of error),
+/// whether clap, the scope check, the engine or a hold refused; without `--json`, stdout stays
+/// empty. No identifier is in it.
+#[test]
+fn with_json_every_refusal_is_json_on_stdout_too() {
+    let env = Env::new(500);
+    let cases: [(&[&str], i32); 4] = [
+        (
+            &[
+                "erase",
+                "--tenant",
+                "acme",
+                "--subject",
+                "alice",
+                "--basis",
+                "nope",
+                "--ticket",
+                "T",
+                "--json",
+            ],
+            2,
+        ),
+        (
+            &[
+                "erase",
+                "--tenant",
+                "acme",
+                "--subject",
+                "",
+                "--basis",
+                "gdpr-art17",
+                "--ticket",
+                "T",
+                "--json",
+            ],
+            2,
+        ),
+        (
+            &[
+                "erase",
+                "--tenant",
+                "acme",
+                "--basis",
+                "gdpr-art17",
+                "--json",
+            ],
+            2,
+        ),
+        (&["job", "show", "del-000000000000", "--json"], 2),
+    ];
+    for (args, want) in cases {
+        let out = env.run(args);
+        assert_eq!(code(&out), want, "{args:?}: {}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{args:?}: stdout is not JSON: {:?}", out.stdout));
+        assert_eq!(v["error"]["exit_code"], want, "{args:?}");
+        let message = v["error"]["message"].as_str().unwrap();
+        // clap's own refusals (a missing flag) carry clap's kind of error, not its usage text.
+        let clap_own = !args.contains(&"--ticket");
+        assert!(
+            stderr(&out).contains(message)
+                || (clap_own && message == "one or more required arguments were not provided"),
+            "{args:?}: {message} vs {}",
+            stderr(&out)
+        );
+        assert!(!message.contains("alice"), "{message}");
+        let plain: Vec<&str> = args.iter().copied().filter(|a| *a != "--json").collect();
+        let out = env.run(&plain);
+        assert!(out.stdout.is_empty(), "{plain:?}: no JSON asked");
+    }
+    // A hold refusing a resume (exit 4), which printed no result: the error, as JSON.
+    assert_eq!(code(&hold_alice(&env, "litigation")), 0);
+    let (c, held) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 4);
+    let job = held["job_id"].as_str().unwrap();
+    let out = env.run(&["resume", job, "--json"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["exit_code"], 4);
+    assert!(v["error"]["message"].as_str().unwrap().contains(job));
+    assert_eq!(
+        code(&env.run(&["hold", "release", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
+    // Where a result was printed already, stdout holds that one document only.
+    let out = env.run(&ERASE_ALICE);
+    let _: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+}
