@@ -2858,16 +2858,10 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
     let alices = TemplateDb::alices_threads(&mut db);
     let others = |db: &mut postgres::Client| TemplateDb::others(db, &alices);
     let others_before = others(&mut db);
-    let dir = tempfile::tempdir().unwrap();
-    tdb.config(dir.path(), 1);
-    let lethe = |args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lethe"));
-        cmd.arg("--config")
-            .arg(dir.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG");
-        cmd
+    let env = Env {
+        dir: tempfile::tempdir().unwrap(),
     };
+    tdb.config(env.path(), 1);
     let erase = [
         "erase",
         "--tenant",
@@ -2883,8 +2877,9 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
     ];
     // Killed mid-erase with no guard, once the store's last item is gone (its erased mark is in
     // the same commit as its last batch's entry).
-    let marker = dir.path().join("paused");
-    let mut first = lethe(&erase)
+    let marker = env.path().join("paused");
+    let mut first = env
+        .cmd(&erase)
         .env("LETHE_TEST_PAUSE_AT", "after-batch-journal:memories:6")
         .env("LETHE_TEST_PAUSE_FILE", &marker)
         .stdout(Stdio::null())
@@ -2901,7 +2896,8 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
     first.wait().unwrap();
     std::fs::remove_file(&marker).unwrap();
     for t in ["checkpoints", "memories"] {
-        let out = lethe(&["guard", "install", "--target", t])
+        let out = env
+            .cmd(&["guard", "install", "--target", t])
             .output()
             .unwrap();
         assert_eq!(
@@ -2912,7 +2908,8 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
         );
     }
     // The job goes on and stops before it verifies: the guard is closed for alice by now.
-    let mut second = lethe(&erase)
+    let mut second = env
+        .cmd(&erase)
         .env("LETHE_TEST_PAUSE_AT", "before-verify")
         .env("LETHE_TEST_PAUSE_FILE", &marker)
         .stdout(Stdio::null())
@@ -2983,56 +2980,53 @@ fn a_checkpoint_naming_no_owner_written_during_the_inventory_is_counted_and_eras
         )
         .unwrap()
         .get(0);
-    let dir = tempfile::tempdir().unwrap();
-    tdb.config(dir.path(), 100);
-    let lethe = |args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lethe"));
-        cmd.arg("--config")
-            .arg(dir.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG");
-        cmd
+    let env = Env {
+        dir: tempfile::tempdir().unwrap(),
     };
+    tdb.config(env.path(), 100);
     for t in ["checkpoints", "memories"] {
-        let out = lethe(&["guard", "install", "--target", t])
+        let out = env
+            .cmd(&["guard", "install", "--target", t])
             .output()
             .unwrap();
         assert_eq!(code(&out), 0, "{}", stderr(&out));
     }
-    let out = lethe(&[
-        "inventory",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--json",
-    ])
-    .output()
-    .unwrap();
+    let out = env
+        .cmd(&[
+            "inventory",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--json",
+        ])
+        .output()
+        .unwrap();
     let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = inv["targets"]["checkpoints"]["count"].as_u64().unwrap();
     assert!(rows > 0);
-    let marker = dir.path().join("paused");
-    let run = lethe(&[
-        "erase",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--basis",
-        "gdpr-art17",
-        "--ticket",
-        "T-10",
-        "--drain-timeout",
-        "0",
-        "--json",
-    ])
-    .env("LETHE_TEST_PAUSE_AT", "after-inventory-read:checkpoints")
-    .env("LETHE_TEST_PAUSE_FILE", &marker)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let marker = env.path().join("paused");
+    let run = env
+        .cmd(&[
+            "erase",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--basis",
+            "gdpr-art17",
+            "--ticket",
+            "T-10",
+            "--drain-timeout",
+            "0",
+            "--json",
+        ])
+        .env("LETHE_TEST_PAUSE_AT", "after-inventory-read:checkpoints")
+        .env("LETHE_TEST_PAUSE_FILE", &marker)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !marker.exists() {
         assert!(std::time::Instant::now() < deadline, "never paused");
@@ -3134,52 +3128,21 @@ fn an_erasure_from_another_process_than_the_in_process_gate_is_refused_and_touch
 #[test]
 fn with_json_every_refusal_is_json_on_stdout_too() {
     let env = Env::new(500);
-    let cases: [(&[&str], i32); 4] = [
+    let cases = [
         (
-            &[
-                "erase",
-                "--tenant",
-                "acme",
-                "--subject",
-                "alice",
-                "--basis",
-                "nope",
-                "--ticket",
-                "T",
-                "--json",
-            ],
+            "erase --tenant acme --subject alice --basis nope --ticket T --json",
             2,
         ),
         (
-            &[
-                "erase",
-                "--tenant",
-                "acme",
-                "--subject",
-                "",
-                "--basis",
-                "gdpr-art17",
-                "--ticket",
-                "T",
-                "--json",
-            ],
+            "erase --tenant acme --subject= --basis gdpr-art17 --ticket T --json",
             2,
         ),
-        (
-            &[
-                "erase",
-                "--tenant",
-                "acme",
-                "--basis",
-                "gdpr-art17",
-                "--json",
-            ],
-            2,
-        ),
-        (&["job", "show", "del-000000000000", "--json"], 2),
+        ("erase --tenant acme --basis gdpr-art17 --json", 2),
+        ("job show del-000000000000 --json", 2),
     ];
-    for (args, want) in cases {
-        let out = env.run(args);
+    for (line, want) in cases {
+        let args: Vec<&str> = line.split(' ').collect();
+        let out = env.run(&args);
         assert_eq!(code(&out), want, "{args:?}: {}", stderr(&out));
         let v: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|_| panic!("{args:?}: stdout is not JSON: {:?}", out.stdout));
