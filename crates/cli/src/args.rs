@@ -113,7 +113,8 @@ pub enum Command {
     },
     /// Continue a job from its journaled state (after a crash, a block or a released hold).
     Resume {
-        /// The job id.
+        /// The job id (`del-` and hex, as `lethe jobs` lists it).
+        #[arg(value_parser = job_id)]
         job_id: String,
         /// Seconds to wait for undrained permits.
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
@@ -230,7 +231,8 @@ pub struct ScopeArgs {
 pub enum JobCommand {
     /// Show one job: state, per-target progress, certificate path.
     Show {
-        /// The job id.
+        /// The job id (`del-` and hex, as `lethe jobs` lists it).
+        #[arg(value_parser = job_id)]
         job_id: String,
         /// Print JSON.
         #[arg(long)]
@@ -252,7 +254,8 @@ pub enum CertFormat {
 pub enum CertificateCommand {
     /// Print a completed job's certificate.
     Show {
-        /// The job id.
+        /// The job id (`del-` and hex, as `lethe jobs` lists it).
+        #[arg(value_parser = job_id)]
         job_id: String,
         /// Output format.
         #[arg(long, value_enum, default_value = "json")]
@@ -275,7 +278,8 @@ pub enum CertificateCommand {
         /// The memory the certificate should cover.
         #[arg(long, requires = "subject")]
         memory: Option<String>,
-        /// The memory version, if the request named one.
+        /// The memory version the job froze (`frozen_version` in `job show --json`): a memory
+        /// certificate's hash always binds it, whether the request named it or not.
         #[arg(long, requires = "memory")]
         version: Option<String>,
     },
@@ -323,4 +327,18 @@ pub enum JournalCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A job id as Lethe makes them (`del-` and up to 64 letters or digits). Anything else is
+/// refused before it is looked up, and never repeated in a message (it may hold escape
+/// sequences, or be pasted from somewhere else).
+fn job_id(s: &str) -> Result<String, String> {
+    let ok = s.strip_prefix("del-").is_some_and(|rest| {
+        !rest.is_empty() && rest.len() <= 64 && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err("not a job id: `lethe jobs` lists them (del- and hex)".into())
+    }
 }

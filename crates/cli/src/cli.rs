@@ -103,15 +103,22 @@ pub(crate) enum ProgressTo {
 /// Prints progress, one line per step.
 pub(crate) fn progress_printer(to: ProgressTo) -> impl FnMut(Progress) {
     let mut last_state = None;
+    // The engine reports the drain on every poll (every 50 ms): a line only when the count
+    // changes, or a 30-second wait would print 600 of them.
+    let mut last_undrained = None;
     move |p| {
         let line = match p {
             Progress::State(s) if last_state != Some(s) => {
                 last_state = Some(s);
+                last_undrained = None;
                 format!("  -> {s}")
             }
             Progress::State(_) => return,
+            Progress::Draining { undrained } if last_undrained == Some(undrained) => return,
             Progress::Draining { undrained } => {
-                format!("     waiting for {undrained} permits to drain")
+                last_undrained = Some(undrained);
+                let s = if undrained == 1 { "" } else { "s" };
+                format!("     waiting for {undrained} permit{s} issued before the freeze to drain")
             }
             Progress::Inventoried { target, count } => {
                 format!("     inventory  {target}: {count} rows")

@@ -80,7 +80,14 @@ pub fn run(dir: &Path) -> Result<i32, Exit> {
             }
         }
     }
-    std::fs::create_dir_all(&mem).map_err(io)?;
+    // A folder that cannot be made (under a file, or where this user may not write) is bad
+    // input, named: nothing was written.
+    std::fs::create_dir_all(&mem).map_err(|e| {
+        bad(format!(
+            "--dir {}: cannot make the demo's folders there ({e}); give a folder you can write in",
+            dir.display()
+        ))
+    })?;
     // Fresh memory on every run; the journal and key persist, so runs accumulate jobs.
     for (name, bytes) in [
         ("checkpoints.db", CHECKPOINTS),

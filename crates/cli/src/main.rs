@@ -70,11 +70,27 @@ fn refuse_args(e: clap::Error) -> ! {
             _ => "an option".into(),
         };
         let valid = match e.get(ContextKind::ValidValue) {
-            Some(clap::error::ContextValue::Strings(v)) => format!("; one of: {}", v.join(", ")),
+            Some(clap::error::ContextValue::Strings(v)) if !v.is_empty() => {
+                format!("; one of: {}", v.join(", "))
+            }
             _ => String::new(),
         };
+        if matches!(e.get(ContextKind::InvalidValue), Some(clap::error::ContextValue::String(v)) if v.is_empty())
+        {
+            refuse(format!("{flag} needs a value; see `lethe help`"));
+        }
+        // A parser's own reason (a job id's form, say), unless it quotes the value.
+        let value = match e.get(ContextKind::InvalidValue) {
+            Some(clap::error::ContextValue::String(v)) => v.clone(),
+            _ => String::new(),
+        };
+        let why = std::error::Error::source(&e)
+            .map(|c| c.to_string())
+            .filter(|c| !value.is_empty() && !c.contains(&value))
+            .map(|c| format!(": {c}"))
+            .unwrap_or_default();
         refuse(format!(
-            "invalid value for {flag} (not repeated here: it may be an identifier){valid}; \
+            "invalid value for {flag} (not repeated here: it may be an identifier){why}{valid}; \
              see `lethe help`"
         ));
     }

@@ -3179,3 +3179,48 @@ fn with_json_every_refusal_is_json_on_stdout_too() {
     let out = env.run(&ERASE_ALICE);
     let _: Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
 }
+
+/// The newcomer review's refusals: a drain wait prints one progress line per count, not one per
+/// 50 ms poll; a job id not of Lethe's form is refused without being repeated (an escape
+/// sequence reached the terminal); a flag given without its value says so; a demo folder that
+/// cannot be made is bad input (exit 2), named.
+#[test]
+fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
+    let env = Env::new(500);
+    let (_journal, _permit) = env.hold_permit(60, lethe_journal::gate::Sink::Tool);
+    let mut args = ERASE_ALICE.to_vec();
+    args.retain(|a| *a != "--json");
+    args.extend(["--drain-timeout", "1"]);
+    let out = env.run(&args);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out)
+            .matches("waiting for 1 permit issued before the freeze to drain")
+            .count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&["resume", "del-\u{1b}[31mred"]);
+    assert_eq!(code(&out), 2);
+    assert!(!stderr(&out).contains('\u{1b}'), "{:?}", stderr(&out));
+    assert!(stderr(&out).contains("not a job id"), "{}", stderr(&out));
+    let out = env.run(&["job", "show", &"a".repeat(5000)]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).len() < 300, "{}", stderr(&out));
+    let out = env.run(&["erase", "--version"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("--version <VERSION> needs a value"),
+        "{}",
+        stderr(&out)
+    );
+    let file = env.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .args(["demo", "--dir", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--dir "), "{}", stderr(&out));
+}
