@@ -52,6 +52,24 @@ fn looks_like_another(id: &str) -> bool {
             .any(|c| lethe_core::ident::is_invisible(c) || matches!(c, '\u{0300}'..='\u{036F}'))
 }
 
+/// Warns (stderr) when an identifier of the scope may print like another one: a scope matches
+/// its identifiers exactly, so such a one usually finds nobody, and an erasure of it is
+/// certified with zero counts (newcomer review: `--subject 'bo\u{200b}b'` was certified so).
+fn warn_if_lookalike(s: &ScopeArgs, what: &str) {
+    for (flag, id) in [
+        ("--tenant", Some(s.tenant.as_str())),
+        ("--subject", s.subject.as_deref()),
+        ("--memory", s.memory.as_deref()),
+    ] {
+        if id.is_some_and(looks_like_another) {
+            eprintln!(
+                "warning: {flag} has spaces at an end, an invisible character or a combining \
+                 accent: {what} that exact identifier, not one that prints alike"
+            );
+        }
+    }
+}
+
 pub(crate) fn parse_scope(s: &ScopeArgs) -> Result<Scope, Exit> {
     scope_of(
         &s.tenant,
@@ -263,8 +281,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 0
             })
         }
-        Command::Inventory { scope, json } => {
-            let scope = parse_scope(&scope)?;
+        Command::Inventory { scope: args, json } => {
+            let scope = parse_scope(&args)?;
+            warn_if_lookalike(&args, "the inventory counts what is held for");
             let engine = open_engine_probing(&config)?;
             let counts = engine.inventory(&scope)?;
             if json {
@@ -287,7 +306,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             Ok(0)
         }
         Command::Erase {
-            scope,
+            scope: args,
             basis,
             ticket,
             deadline,
@@ -295,7 +314,8 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             drain_timeout,
             json,
         } => {
-            let scope = parse_scope(&scope)?;
+            let scope = parse_scope(&args)?;
+            warn_if_lookalike(&args, "the erasure covers");
             let basis: Basis = basis.parse().map_err(bad)?;
             let deadline = deadline
                 .map(|d| {
@@ -364,6 +384,24 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 reinventory: false,
             };
             let outs = engine.work(&opts, &mut progress_printer(progress_to(json)))?;
+            // `work` picks up jobs a killed process left; a BLOCKED job waits for an operator
+            // (newcomer review: a scheduled `work` said nothing of them).
+            let blocked = engine
+                .journal()
+                .jobs()
+                .map_err(EngineError::from)?
+                .iter()
+                .filter(|j| j.state == lethe_core::JobState::Blocked)
+                .count();
+            if blocked > 0 {
+                eprintln!(
+                    "note: {blocked} BLOCKED job{} wait{} for an operator (`work` does not retry \
+                     them): fix the cause (`lethe jobs` shows each one's reason), then `lethe \
+                     resume JOB_ID`",
+                    if blocked == 1 { "" } else { "s" },
+                    if blocked == 1 { "s" } else { "" },
+                );
+            }
             if json {
                 print_json(&json!(outs
                     .iter()
@@ -385,8 +423,13 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 3
             })
         }
-        Command::Verify { scope, audit, json } => {
-            let scope = parse_scope(&scope)?;
+        Command::Verify {
+            scope: args,
+            audit,
+            json,
+        } => {
+            let scope = parse_scope(&args)?;
+            warn_if_lookalike(&args, "verification looks for");
             let engine = open_engine_probing(&config)?;
             let counts = engine.verify(&scope, audit)?;
             let clean = counts.iter().all(|(_, c)| c.count == 0);

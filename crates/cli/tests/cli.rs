@@ -3224,3 +3224,48 @@ fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("--dir "), "{}", stderr(&out));
 }
+
+/// `erase`, `inventory` and `verify` warn of an identifier that prints like another (as `hold
+/// add` did alone), without refusing it; `work` names the BLOCKED jobs it leaves to an operator.
+#[test]
+fn lookalike_identifiers_are_warned_of_and_work_names_blocked_jobs() {
+    let env = Env::new(500);
+    for cmd in ["inventory", "verify"] {
+        let out = env.run(&[cmd, "--tenant", "acme", "--subject", "bo\u{200b}b"]);
+        assert!(
+            stderr(&out).contains("warning: --subject has spaces at an end"),
+            "{cmd}: {}",
+            stderr(&out)
+        );
+        let out = env.run(&[cmd, "--tenant", "acme", "--subject", "bob"]);
+        assert!(!stderr(&out).contains("warning: --subject"), "{cmd}");
+    }
+    let (_journal, _permit) = env.hold_permit(60, lethe_journal::gate::Sink::Tool);
+    let mut args = ERASE_ALICE.to_vec();
+    args.extend(["--drain-timeout", "0"]);
+    let (c, _) = env.json(&args);
+    assert_eq!(c, 3);
+    let out = env.run(&["work"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 BLOCKED job waits for an operator"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        " acme",
+        "--subject",
+        "bob",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ]);
+    assert!(
+        stderr(&out).contains("warning: --tenant has spaces at an end"),
+        "{}",
+        stderr(&out)
+    );
+}
