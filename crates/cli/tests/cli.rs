@@ -3269,3 +3269,27 @@ fn lookalike_identifiers_are_warned_of_and_work_names_blocked_jobs() {
         stderr(&out)
     );
 }
+
+/// A Redis `db` the server does not have is a configuration error (exit 2, nothing journaled),
+/// not an outage: before, `targets` and `inventory` said "unavailable ... retry", and an erase
+/// would have blocked with the subject's fence closed.
+#[test]
+fn a_redis_db_the_server_does_not_have_is_a_config_error() {
+    let env = Env::with_config(
+        &(CONFIG.replace("BATCH", "500")
+            + "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:6379/9999\"\npattern = \"{tenant}:{subject}:*\"\n"),
+    );
+    let before = env.memory_bytes();
+    let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the server refused to select the configured `db` (9999)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "{jobs}");
+    assert_eq!(env.memory_bytes(), before, "no target touched");
+}

@@ -8,7 +8,7 @@ use lethe_core::Scope;
 
 use super::layout::{glob_escape, prefixes_overlap, Template, Values};
 use super::resp::{
-    is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply, NOT_A_CLUSTER,
+    is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply, BAD_DB, NOT_A_CLUSTER,
 };
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
@@ -127,8 +127,10 @@ impl Redis {
 
     /// A driver error: unreachable nodes and broken connections are worth retrying.
     fn unavailable(&self, why: String) -> AdapterError {
-        // The one error of the cluster's topology that retrying cannot mend.
-        if why == NOT_A_CLUSTER {
+        // The errors of the configuration that retrying cannot mend: a cluster's seed without
+        // cluster support, a `db` the server does not have (newcomer review: `db = 99` was
+        // reported unavailable, and a job would have blocked with the subject fenced).
+        if why == NOT_A_CLUSTER || why.starts_with(BAD_DB) {
             return self.failed(why);
         }
         AdapterError::Unavailable {

@@ -211,7 +211,7 @@ impl Conn {
         }
         if auth.db != 0 {
             if let Reply::Error(e) = c.call(&[b"SELECT", auth.db.to_string().as_bytes()])? {
-                return Err(format!("SELECT {} failed: {}", auth.db, shown_error(&e)));
+                return Err(format!("{BAD_DB} ({}): {}", auth.db, shown_error(&e)));
             }
         }
         Ok(c)
@@ -351,6 +351,10 @@ pub(crate) fn is_transient(e: &str) -> bool {
 }
 
 /// `refresh`'s error when a `nodes` seed is a server without cluster support.
+/// How a refused `SELECT db` starts: the configured `db` does not exist on the server (`ERR DB
+/// index is out of range`), a configuration error, not an outage.
+pub(crate) const BAD_DB: &str = "the server refused to select the configured `db`";
+
 pub(crate) const NOT_A_CLUSTER: &str = "`nodes` lists a server without cluster support: give a \
      standalone server as `url = \"redis://...\"` (with `db`), not `nodes = [...]`";
 
