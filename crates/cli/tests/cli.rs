@@ -3293,3 +3293,28 @@ fn a_redis_db_the_server_does_not_have_is_a_config_error() {
     assert!(jobs.as_array().unwrap().is_empty(), "{jobs}");
     assert_eq!(env.memory_bytes(), before, "no target touched");
 }
+
+/// A target the configuration gets wrong is exit 2 with nothing made: before, `inventory` and
+/// `erase` refused it but left a new journal and a new key file beside the config.
+#[test]
+fn a_misconfigured_target_leaves_no_journal_or_key_behind() {
+    let env = Env::with_config(
+        &CONFIG
+            .replace("BATCH", "500")
+            .replace("memory/store.db", "memory/missing.db"),
+    );
+    for args in [
+        &["inventory", "--tenant", "acme", "--subject", "alice"][..],
+        &ERASE_ALICE[..],
+    ] {
+        let out = env.run(args);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert!(stderr(&out).contains("memories"), "{}", stderr(&out));
+        for made in ["lethe-journal.db", "lethe.key"] {
+            assert!(
+                !env.path().join(made).exists(),
+                "{args:?} left {made} behind"
+            );
+        }
+    }
+}

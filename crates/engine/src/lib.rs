@@ -232,14 +232,35 @@ impl Engine {
     /// journal that cannot be opened is reported once the probes end (at most the targets'
     /// `connect_timeout`).
     pub fn open_probing(config: Config, clock: Arc<dyn Clock>) -> Result<Self, EngineError> {
-        let (journal, probes) = std::thread::scope(|s| {
-            let probes = s.spawn(|| at_once(&config.targets, |t| t.adapter.probe()));
-            let journal = open_journal(&config);
-            let probes = probes
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (journal, probes)
-        });
+        // A target the configuration gets wrong (a missing file, a wrong table) is exit 2 with
+        // nothing touched: found before the key file is made, and on SQLite before the
+        // journal's file is (newcomer review: both were left beside the config). A PostgreSQL
+        // journal, whose database exists anyway, still opens while the targets are probed.
+        let config_error = |probes: &[Result<(), AdapterError>]| {
+            probes.iter().find_map(|p| match p {
+                Ok(()) | Err(AdapterError::Unavailable { .. }) => None,
+                Err(e) => Some(input(e)),
+            })
+        };
+        let (journal, probes) = if config.journal.starts_with("sqlite:") {
+            let probes = at_once(&config.targets, |t| t.adapter.probe());
+            if let Some(e) = config_error(&probes) {
+                return Err(e);
+            }
+            (open_journal(&config), probes)
+        } else {
+            std::thread::scope(|s| {
+                let probes = s.spawn(|| at_once(&config.targets, |t| t.adapter.probe()));
+                let journal = open_journal(&config);
+                let probes = probes
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+                (journal, probes)
+            })
+        };
+        if let Some(e) = config_error(&probes) {
+            return Err(e);
+        }
         let engine = Self::with_journal(config, journal?, clock)?;
         *engine.probed.lock().unwrap_or_else(|p| p.into_inner()) = Some(probes);
         Ok(engine)
