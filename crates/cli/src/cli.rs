@@ -629,9 +629,18 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 }
                 (Some(pk), None) => output::parse_public_key(pk).map_err(bad)?,
                 (None, _) => {
-                    let cfg = Config::load(&config).map_err(bad)?;
+                    // Someone checking a certificate they were handed has no deployment: say
+                    // how to check it without one.
+                    let offline = if tenant.is_none() {
+                        "; without the deployment's config and key, pass --public-key \
+                         ed25519:<hex>, the key the issuer publishes (a certificate's \
+                         `signed_by` names the key that signed it, so trust only the published one)"
+                    } else {
+                        ""
+                    };
+                    let cfg = Config::load(&config).map_err(|e| bad(format!("{e}{offline}")))?;
                     lethe_engine::keyfile::load(&cfg.key_file)
-                        .map_err(bad)?
+                        .map_err(|e| bad(format!("{e}{offline}")))?
                         .verifying_key()
                 }
             };

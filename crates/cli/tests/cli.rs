@@ -3318,3 +3318,35 @@ fn a_misconfigured_target_leaves_no_journal_or_key_behind() {
         }
     }
 }
+
+/// Someone handed a certificate, with no deployment, is told to pass --public-key (before: only
+/// "create a config, or pass --config"); with it, the certificate verifies.
+#[test]
+fn offline_certificate_verify_without_a_config_points_to_public_key() {
+    let env = Env::new(500);
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    let file = env
+        .path()
+        .join("certificates")
+        .join(format!("{}.json", out["job_id"].as_str().unwrap()));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let verify = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lethe"))
+            .current_dir(elsewhere.path())
+            .args(["certificate", "verify", file.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = verify(&[]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pass --public-key"),
+        "{}",
+        stderr(&out)
+    );
+    let cert: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let out = verify(&["--public-key", cert["signed_by"].as_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
