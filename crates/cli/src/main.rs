@@ -46,6 +46,22 @@ fn refuse_args(e: clap::Error) -> ! {
         std::process::exit(2);
     };
     if e.kind() == ErrorKind::UnknownArgument && e.get(ContextKind::SuggestedArg).is_none() {
+        // A flag Lethe has, given to a command that does not take it (`certificate show
+        // --json`): named, since it is a flag's name and not a value.
+        if let Some(clap::error::ContextValue::String(a)) = e.get(ContextKind::InvalidArg) {
+            let flag = a.split('=').next().unwrap_or_default();
+            if lethe_flags().iter().any(|f| f == flag) {
+                let certificate = std::env::args().any(|a| a == "certificate");
+                let hint = if flag == "--json" && certificate {
+                    " (`certificate show` prints JSON with --format json)"
+                } else {
+                    ""
+                };
+                refuse(format!(
+                    "this command does not take {flag}; see its --help{hint}"
+                ));
+            }
+        }
         refuse(
             "unexpected argument (not repeated here: it may be an identifier); every value \
              needs its flag, and a value that starts with '-' is written with '=', as \
@@ -99,4 +115,21 @@ fn refuse_args(e: clap::Error) -> ! {
         output::json_error(2, e.kind().as_str().unwrap_or("invalid command line"));
     }
     e.exit()
+}
+
+/// Every long flag of every command, `--name` spelt.
+fn lethe_flags() -> Vec<String> {
+    fn walk(c: &clap::Command, out: &mut Vec<String>) {
+        out.extend(
+            c.get_arguments()
+                .filter_map(|a| a.get_long())
+                .map(|l| format!("--{l}")),
+        );
+        for sub in c.get_subcommands() {
+            walk(sub, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&<args::Args as clap::CommandFactory>::command(), &mut out);
+    out
 }

@@ -3215,6 +3215,17 @@ fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
         "{}",
         stderr(&out)
     );
+    // A flag Lethe has, given where it does not belong, is named; a stray value is not.
+    let out = env.run(&["hold", "list", "--subject", "x"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("this command does not take --subject"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&["hold", "list", "--zz-secret-42"]);
+    assert_eq!(code(&out), 2);
+    assert!(!stderr(&out).contains("zz-secret-42"), "{}", stderr(&out));
     let file = env.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
