@@ -108,6 +108,16 @@ pub enum TargetConfigError {
         /// The key.
         key: &'static str,
     },
+    /// A required key holds another type than a string.
+    #[error("target #{index}: `{key}` must be a string (in quotes), not a TOML {found}")]
+    NotAString {
+        /// 1-based position in the file.
+        index: usize,
+        /// The key.
+        key: &'static str,
+        /// The TOML type found.
+        found: &'static str,
+    },
     /// `kind` is not a known adapter.
     #[error("target {name}: unknown kind '{kind}'; known kinds: {known}")]
     UnknownKind {
@@ -147,7 +157,13 @@ fn take_str(
 ) -> Result<String, TargetConfigError> {
     match t.remove(key) {
         Some(toml::Value::String(s)) => Ok(s),
-        _ => Err(TargetConfigError::Missing { index, key }),
+        None => Err(TargetConfigError::Missing { index, key }),
+        // Newcomer review: `name = 5` was reported as a missing `name`.
+        Some(v) => Err(TargetConfigError::NotAString {
+            index,
+            key,
+            found: v.type_str(),
+        }),
     }
 }
 

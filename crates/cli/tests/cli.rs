@@ -3226,6 +3226,24 @@ fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
     let out = env.run(&["hold", "list", "--zz-secret-42"]);
     assert_eq!(code(&out), 2);
     assert!(!stderr(&out).contains("zz-secret-42"), "{}", stderr(&out));
+    // A target's name of another type is said to be one, not missing.
+    let text = std::fs::read_to_string(env.path().join("lethe.toml")).unwrap();
+    std::fs::write(
+        env.path().join("typed.toml"),
+        text.replace("name = \"memories\"", "name = 5"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
+        .current_dir(env.path())
+        .args(["--config", "typed.toml", "targets"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`name` must be a string (in quotes), not a TOML integer"),
+        "{}",
+        stderr(&out)
+    );
     let file = env.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
@@ -3303,6 +3321,28 @@ fn a_redis_db_the_server_does_not_have_is_a_config_error() {
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "{jobs}");
     assert_eq!(env.memory_bytes(), before, "no target touched");
+}
+
+/// The same for a password the server refuses (retrying cannot mend it): exit 2, nothing made.
+#[test]
+fn a_redis_password_the_server_refuses_is_a_config_error() {
+    let env = Env::with_config(
+        &(CONFIG.replace("BATCH", "500")
+            + "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://lethe-nobody:not-the-password@127.0.0.1:6379/9\"\npattern = \"{tenant}:{subject}:*\"\n"),
+    );
+    let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("authentication failed"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("not-the-password"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!env.path().join("lethe-journal.db").exists());
 }
 
 /// A target the configuration gets wrong is exit 2 with nothing made: before, `inventory` and

@@ -8,7 +8,8 @@ use lethe_core::Scope;
 
 use super::layout::{glob_escape, prefixes_overlap, Template, Values};
 use super::resp::{
-    is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply, BAD_DB, NOT_A_CLUSTER,
+    is_transient, shown_error, slot, Addr, Auth, Nodes, Redirect, Reply, BAD_AUTH, BAD_DB,
+    NOT_A_CLUSTER,
 };
 use crate::{Adapter, AdapterError, Applicability, Description, Inventory, Locator};
 
@@ -128,9 +129,10 @@ impl Redis {
     /// A driver error: unreachable nodes and broken connections are worth retrying.
     fn unavailable(&self, why: String) -> AdapterError {
         // The errors of the configuration that retrying cannot mend: a cluster's seed without
-        // cluster support, a `db` the server does not have (newcomer review: `db = 99` was
-        // reported unavailable, and a job would have blocked with the subject fenced).
-        if why == NOT_A_CLUSTER || why.starts_with(BAD_DB) {
+        // cluster support, a `db` the server does not have, a wrong password (newcomer review:
+        // `db = 99` and WRONGPASS were reported unavailable, and a job would have blocked with
+        // the subject fenced).
+        if why == NOT_A_CLUSTER || why.starts_with(BAD_DB) || why.starts_with(BAD_AUTH) {
             return self.failed(why);
         }
         AdapterError::Unavailable {

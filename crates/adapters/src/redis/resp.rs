@@ -204,7 +204,7 @@ impl Conn {
             cmd.push(p.as_bytes());
             if let Reply::Error(e) = c.call(&cmd)? {
                 return Err(format!(
-                    "authentication failed: {}",
+                    "{BAD_AUTH}: {}",
                     e.split_whitespace().next().unwrap_or("error")
                 ));
             }
@@ -354,6 +354,9 @@ pub(crate) fn is_transient(e: &str) -> bool {
 /// How a refused `SELECT db` starts: the configured `db` does not exist on the server (`ERR DB
 /// index is out of range`), a configuration error, not an outage.
 pub(crate) const BAD_DB: &str = "the server refused to select the configured `db`";
+
+/// How a refused `AUTH` starts: a wrong user name or password, which retrying cannot mend.
+pub(crate) const BAD_AUTH: &str = "authentication failed";
 
 pub(crate) const NOT_A_CLUSTER: &str = "`nodes` lists a server without cluster support: give a \
      standalone server as `url = \"redis://...\"` (with `db`), not `nodes = [...]`";
