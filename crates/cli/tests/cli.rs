@@ -3368,6 +3368,14 @@ fn a_misconfigured_target_leaves_no_journal_or_key_behind() {
             );
         }
     }
+    // A journal in a folder that does not exist is the configuration's mistake too.
+    let env = Env::with_config(&CONFIG.replace("BATCH", "500").replace(
+        "journal = \"sqlite:lethe-journal.db\"",
+        "journal = \"sqlite:no-such-folder/j.db\"",
+    ));
+    let out = env.run(&["jobs"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
 }
 
 /// Someone handed a certificate, with no deployment, is told to pass --public-key (before: only

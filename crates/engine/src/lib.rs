@@ -194,6 +194,20 @@ pub(crate) fn target_error(e: AdapterError) -> EngineError {
 }
 
 fn open_journal(config: &Config) -> Result<Journal, EngineError> {
+    // A SQLite journal in a folder that does not exist is the configuration's mistake (exit 2),
+    // not the database failing (newcomer review: it exited 1, "internal error").
+    if let Some(path) = config.journal.strip_prefix("sqlite:") {
+        let path = config.base.join(path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.is_dir() {
+                return Err(input(format!(
+                    "control.journal: the folder {} does not exist; create it, or point \
+                     journal at a file in an existing folder",
+                    dir.display()
+                )));
+            }
+        }
+    }
     Journal::open_url(&config.journal, &config.base).map_err(|e| match e {
         lethe_journal::JournalError::UnsupportedUrl(_) | lethe_journal::JournalError::BadUrl(_) => {
             input(e)

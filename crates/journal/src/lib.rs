@@ -49,7 +49,7 @@ pub enum JournalError {
         message: String,
     },
     /// The journal URL is not one Lethe knows. Not shown: it may hold a password.
-    #[error("unsupported control.journal: use sqlite:PATH or postgres://...")]
+    #[error("unsupported control.journal: use sqlite:PATH (a file, e.g. sqlite:lethe-journal.db) or postgres://...")]
     UnsupportedUrl(String),
     /// The journal URL's settings are wrong (sslmode, a CA file, ...): a configuration error.
     #[error("control.journal: {0}")]
