@@ -6,7 +6,7 @@
 /// find it in its own error logs (`lethe serve`'s JSON bodies, the config file). What is left
 /// names the field and what was expected. Field names (`` missing field `tenant` ``, `` unknown field `colour`, expected one of … ``)
 /// and the expected content type stay: they are the API's words, and what a caller needs to fix
-/// the request or the file.
+/// the request or the file; an unknown field stays only while it reads like a field name.
 pub fn redact_quoted(message: &str) -> String {
     // The words serde puts before a value it quotes.
     const VALUE: [&str; 9] = [
@@ -26,13 +26,38 @@ pub fn redact_quoted(message: &str) -> String {
         let q = rest[i..].chars().next().expect("found");
         out.push_str(&rest[..i]);
         let after = &rest[i + 1..];
-        let Some(end) = after.find(q) else {
+        // serde writes a string value with its escapes (`"ab\"cd"`): the value ends at the
+        // first quote that no backslash escapes (review: the rest of such a value was shown).
+        let mut escaped = false;
+        let close = after.char_indices().find(|&(_, c)| {
+            if escaped {
+                escaped = false;
+                return false;
+            }
+            if c == '\\' && q == '"' {
+                escaped = true;
+                return false;
+            }
+            c == q
+        });
+        let Some(end) = close.map(|(j, _)| j) else {
             out.push(q);
             out.push('…');
             return out;
         };
         let quoted = &after[..end];
-        let is_value = q == '"' || VALUE.iter().any(|w| out.ends_with(w));
+        // A field the caller made up is shown only when it reads like a field name (a
+        // misspelt `colour`): one that does not (`zz-secret-field`, an e-mail address) may be
+        // built from an identifier (review).
+        let field_like = |f: &str| {
+            f.len() <= 32
+                && f.starts_with(|c: char| c.is_ascii_lowercase())
+                && f.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        let is_value = q == '"'
+            || VALUE.iter().any(|w| out.ends_with(w))
+            || (out.ends_with("unknown field ") && !field_like(quoted));
         out.push(q);
         out.push_str(if is_value { "…" } else { quoted });
         out.push(q);
@@ -40,4 +65,44 @@ pub fn redact_quoted(message: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_quoted;
+
+    #[test]
+    fn a_value_with_an_escaped_quote_is_hidden_whole() {
+        let m = r#"reads: invalid type: string "zz-secret\"-after-quote", expected a sequence at line 1"#;
+        let r = redact_quoted(m);
+        assert!(
+            !r.contains("zz-secret") && !r.contains("after-quote"),
+            "{r}"
+        );
+        assert!(r.ends_with(", expected a sequence at line 1"), "{r}");
+        let m = r#"invalid type: string "a\\", expected u32"#;
+        assert_eq!(
+            redact_quoted(m),
+            r#"invalid type: string "…", expected u32"#
+        );
+    }
+
+    #[test]
+    fn an_unknown_field_is_hidden_and_the_api_words_kept() {
+        let r =
+            redact_quoted("unknown field `zz-secret-field`, expected one of `tenant`, `subject`");
+        assert_eq!(r, "unknown field `…`, expected one of `tenant`, `subject`");
+        assert_eq!(
+            redact_quoted("unknown field `colour`, expected `tenant`"),
+            "unknown field `colour`, expected `tenant`"
+        );
+        assert_eq!(
+            redact_quoted("missing field `tenant`"),
+            "missing field `tenant`"
+        );
+        assert_eq!(
+            redact_quoted("invalid type: integer `987654321`, expected a string"),
+            "invalid type: integer `…`, expected a string"
+        );
+    }
 }

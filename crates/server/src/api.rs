@@ -503,7 +503,7 @@ async fn revocations(
     q: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
-    let q = q.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let q = q.map_err(|e| ApiError::bad_request(lethe_core::redact_quoted(&e.body_text())))?;
     let mut leases = q
         .leases
         .split(',')

@@ -10,8 +10,10 @@
 -- failed ("permission denied for schema lethe_guard"). Measured with pgbench: +23 us of
 -- latency and +5 us of CPU a write over a plain trigger (bench/README.md, "Guard").
 --
--- Fence state holds no identifier: owners are SHA-256 digests of the tenant (and subject),
--- erased threads and store items are digests of their ids. Refusals raise SQLSTATE `LT001`..
+-- Fence state holds no identifier in clear: owners are SHA-256 digests of the tenant (and
+-- subject), erased threads and store items are digests of their ids. The digests are not
+-- keyed, so whoever reads this schema (or a dump) can test a guessed identity (README,
+-- "Privacy of Lethe itself"). Refusals raise SQLSTATE `LT001`..
 -- `LT004` with messages that name no identifier.
 
 SET LOCAL client_min_messages = warning;
