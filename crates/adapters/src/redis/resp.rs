@@ -244,7 +244,9 @@ impl Conn {
         let (kind, rest) = line.split_at(1.min(line.len()));
         let num = || {
             rest.parse::<i64>()
-                .map_err(|_| format!("bad reply length {rest:?}"))
+                // Its length only: a connection out of step with the server would be reading
+                // a key or a value here (review).
+                .map_err(|_| format!("bad reply length ({} bytes)", rest.len()))
         };
         Ok(match kind {
             "+" => Reply::Status(rest.to_string()),
@@ -275,7 +277,12 @@ impl Conn {
                     Reply::Array(Some(v))
                 }
             }
-            _ => return Err(format!("unknown reply type {kind:?}")),
+            _ => {
+                return Err(format!(
+                    "unknown reply type (a {}-byte line; the connection is out of step)",
+                    line.len()
+                ))
+            }
         })
     }
 
