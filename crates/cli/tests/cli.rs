@@ -3299,15 +3299,20 @@ fn lookalike_identifiers_are_warned_of_and_work_names_blocked_jobs() {
     );
 }
 
+/// The sample deployment with a Redis target `session-cache` at `url`.
+fn with_redis_target(url: &str) -> Env {
+    Env::with_config(&format!(
+        "{}\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"{url}\"\npattern = \"{{tenant}}:{{subject}}:*\"\n",
+        CONFIG.replace("BATCH", "500")
+    ))
+}
+
 /// A Redis `db` the server does not have is a configuration error (exit 2, nothing journaled),
 /// not an outage: before, `targets` and `inventory` said "unavailable ... retry", and an erase
 /// would have blocked with the subject's fence closed.
 #[test]
 fn a_redis_db_the_server_does_not_have_is_a_config_error() {
-    let env = Env::with_config(
-        &(CONFIG.replace("BATCH", "500")
-            + "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://127.0.0.1:6379/9999\"\npattern = \"{tenant}:{subject}:*\"\n"),
-    );
+    let env = with_redis_target("redis://127.0.0.1:6379/9999");
     let before = env.memory_bytes();
     let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
@@ -3326,10 +3331,7 @@ fn a_redis_db_the_server_does_not_have_is_a_config_error() {
 /// The same for a password the server refuses (retrying cannot mend it): exit 2, nothing made.
 #[test]
 fn a_redis_password_the_server_refuses_is_a_config_error() {
-    let env = Env::with_config(
-        &(CONFIG.replace("BATCH", "500")
-            + "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"redis://lethe-nobody:not-the-password@127.0.0.1:6379/9\"\npattern = \"{tenant}:{subject}:*\"\n"),
-    );
+    let env = with_redis_target("redis://lethe-nobody:not-the-password@127.0.0.1:6379/9");
     let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(
