@@ -186,6 +186,11 @@ fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
 
+/// Asserts that stderr holds `text`, showing stderr when it does not.
+fn says(o: &Output, text: &str) {
+    assert!(stderr(o).contains(text), "{}", stderr(o));
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -407,11 +412,7 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
         let out = env.run(&args);
         assert_eq!(code(&out), 2, "{args:?}");
         assert!(!stderr(&out).contains("alice"), "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains("not repeated here"),
-            "{}",
-            stderr(&out)
-        );
+        says(&out, "not repeated here");
     }
     assert!(
         stderr(&env.run(&["erase", "--tenant", "a", "--basis", "alice", "--ticket", "T"]))
@@ -430,11 +431,7 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
     ]);
     assert_eq!(code(&out), 2);
     assert!(!stderr(&out).contains("alice"), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("every value needs its flag"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "every value needs its flag");
     // Nor an identifier that starts with '-', which clap reads as a flag (whole or its first
     // letter); a mistyped flag is still named, with the flag it was meant to be.
     for subject in ["--ZQXSUBJ", "-ZQXSUBJ"] {
@@ -916,11 +913,7 @@ fn an_edited_frozen_locator_is_refused_before_anything_is_erased() {
     assert_eq!(edited, 1);
     let out = env.run(&["resume", &job]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("differ from the digest journaled with its inventory"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "differ from the digest journaled with its inventory");
     assert_eq!(env.others_rows(), others, "carol's rows untouched");
     assert_eq!(
         env.inventory("acme", "alice")["checkpoints"],
@@ -1279,11 +1272,7 @@ fn batch_rows_bounds_each_erase_transaction_and_the_erase_stays_exact() {
     let untouched = env.memory_bytes();
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("control.batch_rows must be between 1 and 10000000"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "control.batch_rows must be between 1 and 10000000");
     assert_eq!(env.memory_bytes(), untouched, "bad input touches nothing");
 }
 
@@ -1403,11 +1392,7 @@ fn journal_verify_and_the_runner_catch_edited_job_tables() {
         .unwrap();
     let out = env.run(&["resume", &job]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("scope in the job table"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "scope in the job table");
     assert!(
         !stderr(&out).contains("inventory counts"),
         "{}",
@@ -1610,11 +1595,7 @@ fn a_memory_two_stores_hold_at_two_versions_is_erased_one_version_a_job() {
     ] {
         let out = erase(Some(bad));
         assert_eq!(code(&out), 2, "{bad}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("YYYY-MM-DDTHH:MM:SS.ffffffZ"),
-            "{}",
-            stderr(&out)
-        );
+        says(&out, "YYYY-MM-DDTHH:MM:SS.ffffffZ");
         // A verification at such a version would say "clean" while the memory stays.
         for cmd in ["verify", "inventory"] {
             let out = env.run(&[
@@ -2028,11 +2009,7 @@ fn a_locked_store_blocks_the_job_and_resume_completes_it_once_the_lock_is_gone()
     let untouched = env.memory_bytes();
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("busy_timeout_ms must be between 1 and 3600000"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "busy_timeout_ms must be between 1 and 3600000");
     assert_eq!(env.memory_bytes(), untouched, "bad input touches nothing");
 }
 
@@ -2402,10 +2379,9 @@ fn a_job_whose_inventoried_target_left_the_config_refuses_to_run_until_it_is_bac
     for args in [vec!["resume", &job], ERASE_ALICE.to_vec()] {
         let out = env.run(&args);
         assert_eq!(code(&out), 2, "{}", stderr(&out));
-        assert!(
-            stderr(&out).contains("target(s) memories where this configuration no longer points"),
-            "{}",
-            stderr(&out)
+        says(
+            &out,
+            "target(s) memories where this configuration no longer points",
         );
         assert_eq!(env.memory_bytes(), before, "nothing touched");
         assert_eq!(
@@ -2454,11 +2430,7 @@ fn an_erasure_that_found_nothing_warns_that_the_identifiers_may_be_wrong() {
         "T",
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("no target held anything"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "no target held anything");
     assert!(!stderr(&out).contains("Alice"), "{}", stderr(&out));
     assert_eq!(env.others_rows(), others, "nothing else touched");
     let out = env.run(&ERASE_ALICE);
@@ -2509,11 +2481,7 @@ fn a_live_runner_keeps_its_job_on_sqlite_and_a_killed_one_does_not() {
     for args in [vec!["resume", job.as_str()], ERASE_ALICE.to_vec()] {
         let out = env.run(&args);
         assert_eq!(code(&out), 3, "{args:?}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains("being run by another Lethe process"),
-            "{}",
-            stderr(&out)
-        );
+        says(&out, "being run by another Lethe process");
     }
     let (c, done) = env.json(&["work", "--json"]);
     assert_eq!(c, 0, "{done}");
@@ -2597,11 +2565,7 @@ fn a_memory_request_with_a_store_unreachable_is_retryable_not_bad_input() {
         "T",
     ]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("pgstore is unavailable"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "pgstore is unavailable");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty());
 }
@@ -2659,11 +2623,7 @@ fn work_skips_a_job_it_cannot_run_and_runs_the_others() {
     let out = env.run(&["work"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let stuck = stuck["job_id"].as_str().unwrap();
-    assert!(
-        stderr(&out).contains("Skipped: targets memories, memories-copy"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "Skipped: targets memories, memories-copy");
     assert!(stderr(&out).contains(stuck), "{}", stderr(&out));
     let state = |j: &Value| {
         env.json(&["job", "show", j["job_id"].as_str().unwrap(), "--json"])
@@ -2689,10 +2649,9 @@ fn a_metadata_key_no_checkpoint_holds_is_warned_about() {
     );
     let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("no checkpoint's metadata has the key `userid` (metadata.subject)"),
-        "{}",
-        stderr(&out)
+    says(
+        &out,
+        "no checkpoint's metadata has the key `userid` (metadata.subject)",
     );
     assert!(!stderr(&out).contains("alice"));
     let good = Env::new(500);
@@ -3098,10 +3057,9 @@ fn an_erasure_from_another_process_than_the_in_process_gate_is_refused_and_touch
         .unwrap();
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 3, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("in-process gate (Engine::memory_gate) governs this control store"),
-        "{}",
-        stderr(&out)
+    says(
+        &out,
+        "in-process gate (Engine::memory_gate) governs this control store",
     );
     assert!(!stderr(&out).contains("alice"), "{}", stderr(&out));
     assert_eq!(env.memory_bytes(), before, "no target touched");
@@ -3210,19 +3168,11 @@ fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
     assert!(stderr(&out).len() < 300, "{}", stderr(&out));
     let out = env.run(&["erase", "--version"]);
     assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("--version <VERSION> needs a value"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "--version <VERSION> needs a value");
     // A flag Lethe has, given where it does not belong, is named; a stray value is not.
     let out = env.run(&["hold", "list", "--subject", "x"]);
     assert_eq!(code(&out), 2);
-    assert!(
-        stderr(&out).contains("this command does not take --subject"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "this command does not take --subject");
     let out = env.run(&["hold", "list", "--zz-secret-42"]);
     assert_eq!(code(&out), 2);
     assert!(!stderr(&out).contains("zz-secret-42"), "{}", stderr(&out));
@@ -3239,10 +3189,9 @@ fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
         .output()
         .unwrap();
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("`name` must be a string (in quotes), not a TOML integer"),
-        "{}",
-        stderr(&out)
+    says(
+        &out,
+        "`name` must be a string (in quotes), not a TOML integer",
     );
     let file = env.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
@@ -3276,11 +3225,7 @@ fn lookalike_identifiers_are_warned_of_and_work_names_blocked_jobs() {
     assert_eq!(c, 3);
     let out = env.run(&["work"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("1 BLOCKED job waits for an operator"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "1 BLOCKED job waits for an operator");
     let out = env.run(&[
         "erase",
         "--tenant",
@@ -3292,11 +3237,7 @@ fn lookalike_identifiers_are_warned_of_and_work_names_blocked_jobs() {
         "--ticket",
         "T",
     ]);
-    assert!(
-        stderr(&out).contains("warning: --tenant has spaces at an end"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "warning: --tenant has spaces at an end");
 }
 
 /// The sample deployment with a Redis target `session-cache` at `url`.
@@ -3316,10 +3257,9 @@ fn a_redis_db_the_server_does_not_have_is_a_config_error() {
     let before = env.memory_bytes();
     let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("the server refused to select the configured `db` (9999)"),
-        "{}",
-        stderr(&out)
+    says(
+        &out,
+        "the server refused to select the configured `db` (9999)",
     );
     let out = env.run(&ERASE_ALICE);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
@@ -3334,11 +3274,7 @@ fn a_redis_password_the_server_refuses_is_a_config_error() {
     let env = with_redis_target("redis://lethe-nobody:not-the-password@127.0.0.1:6379/9");
     let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("authentication failed"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "authentication failed");
     assert!(
         !stderr(&out).contains("not-the-password"),
         "{}",
@@ -3402,11 +3338,7 @@ fn offline_certificate_verify_without_a_config_points_to_public_key() {
     };
     let out = verify(&[]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("pass --public-key"),
-        "{}",
-        stderr(&out)
-    );
+    says(&out, "pass --public-key");
     let cert: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     let out = verify(&["--public-key", cert["signed_by"].as_str().unwrap()]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
