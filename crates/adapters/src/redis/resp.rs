@@ -337,10 +337,23 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 /// errors quote the command's arguments (`ERR unknown command 'UNLINK', with args beginning
 /// with: '<key>'`), and a key names a person.
 pub(crate) fn shown_error(e: &str) -> String {
-    match e.find(" '").or_else(|| e.find(" \"")) {
+    // Redis 7 quotes arguments with `'`, Redis 6.2 and KeyDB with backticks, some modules with
+    // `"`. A backtick opens a quote anywhere; `'` and `"` only after a space, `:`, `(`, `,` or
+    // `=` (or at the start), so that "don't" is not taken for one.
+    let mut prev = ' ';
+    let cut = e.char_indices().find_map(|(i, c)| {
+        let opens =
+            c == '`' || (matches!(c, '\'' | '"') && matches!(prev, ' ' | ':' | '(' | ',' | '='));
+        prev = c;
+        opens.then_some(i)
+    });
+    match cut {
         Some(i) => format!(
             "{} (quoted arguments not shown)",
-            e[..i].trim_end_matches(':')
+            e[..i]
+                .trim_end()
+                .trim_end_matches([':', ',', '(', '='])
+                .trim_end()
         ),
         None => e.to_string(),
     }

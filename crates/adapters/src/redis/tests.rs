@@ -917,6 +917,13 @@ fn a_server_error_quoting_a_key_is_shown_without_it() {
         super::resp::shown_error("CROSSSLOT Keys in request don't hash to the same slot"),
         "CROSSSLOT Keys in request don't hash to the same slot"
     );
+    // Redis 6.2 and KeyDB quote with backticks (their documented reply, not a live server).
+    let shown = super::resp::shown_error(
+        "ERR unknown command `LETHEUNKNOWN`, with args beginning with: `acme:ROWZQX:mem:1`, ",
+    );
+    assert_eq!(shown, "ERR unknown command (quoted arguments not shown)");
+    let shown = super::resp::shown_error("ERR no such key:\"acme:ROWZQX\"");
+    assert_eq!(shown, "ERR no such key (quoted arguments not shown)");
 }
 
 /// Throwaway cluster nodes for states the shared cluster must not be put in (a slot with no
