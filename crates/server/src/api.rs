@@ -172,10 +172,42 @@ fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiEr
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
-    // axum's parse: its messages name the field at fault (`tenant: invalid type ...`).
-    Json::from_bytes(bytes)
-        .map(|Json(t)| t)
-        .map_err(|e| ApiError::bad_request(lethe_core::redact_quoted(&e.body_text())))
+    // The message names the field at fault (`tenant: invalid type ...`), but a key the caller
+    // made up is never part of that path: it may be built from an identifier (review: axum's
+    // own message began `zz-secret: unknown field ...`).
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let t = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let inner = e.inner().to_string();
+        let mut segments: Vec<String> = e
+            .path()
+            .iter()
+            .map(|s| match s {
+                serde_path_to_error::Segment::Seq { index } => format!("[{index}]"),
+                serde_path_to_error::Segment::Map { key } => key.clone(),
+                serde_path_to_error::Segment::Enum { variant } => variant.clone(),
+                serde_path_to_error::Segment::Unknown => "?".into(),
+            })
+            .collect();
+        if inner.starts_with("unknown field") {
+            segments.pop();
+        }
+        let path = segments.iter().fold(String::new(), |p, s| {
+            if p.is_empty() || s.starts_with('[') {
+                p + s
+            } else {
+                p + "." + s
+            }
+        });
+        let inner = lethe_core::redact_quoted(&inner);
+        ApiError::bad_request(if path.is_empty() {
+            format!("the body does not fit the request: {inner}")
+        } else {
+            format!("the body does not fit the request: {path}: {inner}")
+        })
+    })?;
+    de.end()
+        .map_err(|_| ApiError::bad_request("the body has more after its JSON object"))?;
+    Ok(t)
 }
 
 /// An engine's message in the API's words: the CLI's flags are the request's fields here.

@@ -653,6 +653,28 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
         .unwrap_err()
         .to_string();
     assert!(m.contains("unknown field `colour`"), "{m}");
+    // A key the caller made up that does not read like a field name is not shown, neither
+    // quoted nor as the path to the fault (review: the path named it), at any depth.
+    for (body, path) in [
+        (
+            json!({"tenant": "acme", "subject": "bob", "zz-secret-42": 1}),
+            None,
+        ),
+        (
+            json!({"tenant": "acme", "subject": "bob",
+                   "reads": [{"memory_id": "m", "version": "v", "zz-secret-42": 1}]}),
+            Some("reads[0]: unknown field"),
+        ),
+    ] {
+        let m = rt
+            .call("POST", "/v1/leases", Some(&body))
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("unknown field") && !m.contains("secret"), "{m}");
+        if let Some(path) = path {
+            assert!(m.contains(path), "{m}");
+        }
+    }
     // A wrong method has the API's error shape too.
     let e = rt.call("GET", "/v1/permits", None).unwrap_err();
     assert_eq!(code(e), "method_not_allowed");
@@ -728,6 +750,16 @@ fn every_refusal_of_a_malformed_request_has_the_api_shape(b: Backend) {
             big.as_bytes()
         )),
         (413, "too_large".into())
+    );
+    // Anything after the object is refused, and no lease is taken.
+    assert_eq!(
+        api(post(
+            "/v1/leases",
+            RUNTIME,
+            "application/json",
+            br#"{"tenant": "acme", "subject": "bob"} {"x": 1}"#
+        )),
+        (400, "bad_request".into())
     );
     assert_eq!(
         api(post("/v1/leases", RUNTIME, "text/plain", b"{}")),
