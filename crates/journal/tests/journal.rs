@@ -1679,6 +1679,39 @@ fn postgres_reads_and_drops_locators_a_job_froze_before_the_parts_existed() {
     );
 }
 
+/// A completed job's locators are gone from the SQLite journal's bytes while the journal is
+/// still open (as under `lethe serve`): zeroed in the database file and not left in its
+/// write-ahead log (review: the `-wal` kept them until the last connection closed).
+#[test]
+fn a_completed_jobs_locators_are_gone_from_the_open_sqlite_journals_files() {
+    let st = Store::sqlite();
+    let j = st.open();
+    let id = job(&j, "del-wal", subject_scope("acme", "alice"));
+    j.freeze(AT, &id, None).unwrap();
+    let locators: Vec<(String, u64)> = (0..50)
+        .map(|i| (format!("thread-LOCATORQX-{i:03}"), 1))
+        .collect();
+    j.put_inventory(AT, &id, "cache", 50, &locators, &[7u8; 32], "")
+        .unwrap();
+    let Store::Sqlite(dir) = &st else {
+        unreachable!()
+    };
+    let found = || {
+        ["j.db", "j.db-wal"]
+            .iter()
+            .filter(|f| {
+                std::fs::read(dir.path().join(f))
+                    .map(|b| b.windows(11).any(|w| w == b"LOCATORQX-0"))
+                    .unwrap_or(false)
+            })
+            .count()
+    };
+    assert!(found() > 0, "the test's locators were written");
+    complete_frozen(&j, &id);
+    assert_eq!(found(), 0, "a locator is left in the journal's files");
+    assert!(j.verify_chain().unwrap().is_intact());
+}
+
 /// A new SQLite journal (and its -wal) is readable by its owner only: it holds scopes.
 #[test]
 fn a_new_sqlite_journal_is_readable_by_its_owner_only() {
