@@ -45,6 +45,31 @@ fn refuse_args(e: clap::Error) -> ! {
         output::json_error(2, &message);
         std::process::exit(2);
     };
+    if e.kind() == ErrorKind::UnknownArgument {
+        if let Some(clap::error::ContextValue::String(near)) = e.get(ContextKind::SuggestedArg) {
+            // clap would quote what was typed (`--subjectbob`), which may hold an identifier:
+            // only the flag it resembles is named (review).
+            if near.starts_with("--") {
+                refuse(format!(
+                    "unexpected argument (not repeated here: it may be an identifier); a \
+                     similar flag exists: '{near}'; see `lethe --help`"
+                ));
+            }
+        }
+    }
+    if e.kind() == ErrorKind::TooManyValues {
+        // `--json=bob`: clap would quote the value.
+        let flag = match e.get(ContextKind::InvalidArg) {
+            Some(clap::error::ContextValue::String(a)) => {
+                a.split([' ', '.']).next().unwrap_or_default().to_string()
+            }
+            _ => "this flag".into(),
+        };
+        refuse(format!(
+            "{flag} takes no value (the value is not repeated here: it may be an identifier); \
+             see `lethe help`"
+        ));
+    }
     if e.kind() == ErrorKind::UnknownArgument && e.get(ContextKind::SuggestedArg).is_none() {
         // A flag Lethe has, given to a command that does not take it (`certificate show
         // --json`): named, since it is a flag's name and not a value.

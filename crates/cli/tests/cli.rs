@@ -408,6 +408,9 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
             "--drain-timeout",
             "alice",
         ],
+        // A switch given a value, and a flag run into its value (review: clap quoted both).
+        vec!["erase", "--tenant", "acme", "--json=alice"],
+        vec!["erase", "--tenant", "acme", "--subjectalice"],
     ] {
         let out = env.run(&args);
         assert_eq!(code(&out), 2, "{args:?}");
