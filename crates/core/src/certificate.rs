@@ -180,7 +180,13 @@ pub fn refuse_duplicate_keys(text: &str) -> Result<(), CertificateError> {
             let mut seen = std::collections::HashSet::new();
             while let Some(k) = a.next_key::<String>()? {
                 if !seen.insert(k.clone()) {
-                    return Err(A::Error::custom(format!("the key \"{k}\" appears twice")));
+                    // Named only if it reads like a field: a tampered file's key could be
+                    // anything, an identifier included (review).
+                    return Err(A::Error::custom(if crate::redact::field_like(&k) {
+                        format!("the key `{k}` appears twice")
+                    } else {
+                        "a key appears twice (not shown: it is not a certificate's)".into()
+                    }));
                 }
                 a.next_value::<Unique>()?;
             }
@@ -190,7 +196,7 @@ pub fn refuse_duplicate_keys(text: &str) -> Result<(), CertificateError> {
     let mut d = serde_json::Deserializer::from_str(text);
     Unique::deserialize(&mut d)
         .and_then(|_| d.end())
-        .map_err(|e| CertificateError::Malformed(e.to_string()))
+        .map_err(|e| CertificateError::Malformed(crate::redact_quoted(&e.to_string())))
 }
 
 impl Certificate {
@@ -212,18 +218,28 @@ impl Certificate {
             .and_then(|m| m.remove("signature"))
             .and_then(|s| s.as_str().map(str::to_owned))
             .ok_or_else(|| CertificateError::Malformed("no signature field".into()))?;
+        // The messages below quote nothing from the document but a well-formed key name: a
+        // tampered or foreign file's values could be anything, identifiers included (review).
         let cert: Certificate = serde_json::from_value(unsigned.clone())
-            .map_err(|e| CertificateError::Malformed(e.to_string()))?;
+            .map_err(|e| CertificateError::Malformed(crate::redact_quoted(&e.to_string())))?;
         if cert.format != FORMAT {
             return Err(CertificateError::Malformed(format!(
-                "unknown format {}",
-                cert.format
+                "its format is not {FORMAT} (not shown)"
             )));
         }
         let trusted_name = key_name(trusted);
         if cert.signed_by != trusted_name {
+            let well_formed = cert.signed_by.strip_prefix("ed25519:").is_some_and(|h| {
+                h.len() == 64
+                    && h.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            });
             return Err(CertificateError::WrongKey {
-                found: cert.signed_by,
+                found: if well_formed {
+                    cert.signed_by
+                } else {
+                    "a key name that is not ed25519:<64 hex> (not shown)".into()
+                },
                 trusted: trusted_name,
             });
         }
@@ -325,6 +341,43 @@ mod tests {
             Certificate::verify(&doc, &other),
             Err(CertificateError::WrongKey { .. })
         ));
+    }
+
+    /// A tampered or foreign document is refused without quoting its values or keys: any of
+    /// them could hold an identifier (review: serde's text and the format were echoed).
+    #[test]
+    fn a_malformed_document_is_refused_without_quoting_it() {
+        let key = DeploymentKey::from_bytes([3; 32]);
+        let doc = sample().sign(&key);
+        let trusted = key.verifying_key();
+        let edits: [(&str, Value); 4] = [
+            ("count", Value::String("SECRETQX".into())),
+            ("format", Value::String("SECRETQX".into())),
+            ("signed_by", Value::String("SECRETQX".into())),
+            ("job_id", serde_json::json!({"SECRETQX": 1})),
+        ];
+        for (field, value) in edits {
+            let mut d = doc.clone();
+            if field == "count" {
+                d["targets"]["memories"]["count"] = value;
+            } else {
+                d[field] = value;
+            }
+            let e = Certificate::verify(&d, &trusted).unwrap_err().to_string();
+            assert!(!e.contains("SECRETQX"), "{field}: {e}");
+        }
+        let e = refuse_duplicate_keys(r#"{"a": 1, "SECRET-QX": 1, "SECRET-QX": 2}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("appears twice") && !e.contains("SECRET"), "{e}");
+        let e = refuse_duplicate_keys(r#"{"ticket": 1, "ticket": 2}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`ticket` appears twice"), "{e}");
+        // A well-formed foreign key is still named: it is what a checker compares.
+        let other = DeploymentKey::from_bytes([4; 32]).verifying_key();
+        let e = Certificate::verify(&doc, &other).unwrap_err().to_string();
+        assert!(e.contains(&key_name(&trusted)), "{e}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 /// and the expected content type stay: they are the API's words, and what a caller needs to fix
 /// the request or the file; an unknown field stays only while it reads like a field name.
 pub fn redact_quoted(message: &str) -> String {
+    let field_like = field_like;
     // The words serde puts before a value it quotes.
     const VALUE: [&str; 9] = [
         "integer ",
@@ -49,12 +50,6 @@ pub fn redact_quoted(message: &str) -> String {
         // A field the caller made up is shown only when it reads like a field name (a
         // misspelt `colour`): one that does not (`zz-secret-field`, an e-mail address) may be
         // built from an identifier (review).
-        let field_like = |f: &str| {
-            f.len() <= 32
-                && f.starts_with(|c: char| c.is_ascii_lowercase())
-                && f.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        };
         let is_value = q == '"'
             || VALUE.iter().any(|w| out.ends_with(w))
             || (out.ends_with("unknown field ") && !field_like(quoted));
@@ -65,6 +60,16 @@ pub fn redact_quoted(message: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Whether a key a caller or a file made up reads like a field name (`colour`: lower case,
+/// digits and `_`, at most 32 bytes), and so may be named in a message; one that does not
+/// (`zz-secret-field`, an e-mail address) may be built from an identifier.
+pub fn field_like(f: &str) -> bool {
+    f.len() <= 32
+        && f.starts_with(|c: char| c.is_ascii_lowercase())
+        && f.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 #[cfg(test)]
