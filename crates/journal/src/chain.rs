@@ -125,6 +125,37 @@ impl ChainReport {
     }
 }
 
+/// An id read from the store, for a problem's text: as it is if it has the form Lethe gives
+/// ids (`del-`, `hold-`, then up to 64 letters or digits); a tampered row's text could be
+/// anything, an identifier included (review).
+fn shown_id(id: &str) -> String {
+    let ok = ["del-", "hold-"].iter().any(|p| {
+        id.strip_prefix(p).is_some_and(|rest| {
+            !rest.is_empty() && rest.len() <= 64 && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
+    });
+    if ok {
+        id.to_string()
+    } else {
+        "(an id not of Lethe's form, not shown)".into()
+    }
+}
+
+/// A word read from the store (an entry's kind, a job's state): as it is if it reads like
+/// one of Lethe's, otherwise not shown.
+fn shown_word(w: &str) -> String {
+    if lethe_core::redact::field_like(&w.to_ascii_lowercase()) {
+        w.to_string()
+    } else {
+        "(not shown)".into()
+    }
+}
+
+/// A body that does not parse, without the values serde would quote from it.
+pub(crate) fn unreadable(e: &serde_json::Error) -> String {
+    lethe_core::redact_quoted(&e.to_string())
+}
+
 fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     let mut problems = Vec::new();
     let rows = tx
@@ -185,7 +216,9 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
                         && !matches!(entry, Entry::Completed { .. })
                     {
                         problems.push(format!(
-                            "entry {seq}: job {job} has an entry ({kind}) after it completed"
+                            "entry {seq}: job {job} has an entry ({kind}) after it completed",
+                            job = shown_id(job),
+                            kind = shown_word(&kind)
                         ));
                     }
                 }
@@ -196,20 +229,23 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
                         Some(Ok(next)) => {
                             states.insert(job.clone(), next);
                         }
-                        Some(Err(e)) => problems.push(format!("entry {seq}: job {job}: {e}")),
-                        None => {
-                            problems.push(format!("entry {seq}: job {job} was never requested"))
-                        }
+                        Some(Err(e)) => problems
+                            .push(format!("entry {seq}: job {job}: {e}", job = shown_id(job))),
+                        None => problems.push(format!(
+                            "entry {seq}: job {job} was never requested",
+                            job = shown_id(job)
+                        )),
                     }
                 } else if let (Some(job), Entry::Completed { .. }) = (&job, &entry) {
                     if states.get(job) != Some(&JobState::Complete) {
                         problems.push(format!(
-                            "entry {seq}: job {job} completed without verifying clean"
+                            "entry {seq}: job {job} completed without verifying clean",
+                            job = shown_id(job)
                         ));
                     }
                 }
             }
-            Err(e) => problems.push(format!("entry {seq} does not parse: {e}")),
+            Err(e) => problems.push(format!("entry {seq} does not parse: {}", unreadable(&e))),
         }
         prev = hash;
         expected_seq = seq + 1;
@@ -239,10 +275,13 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         match states.get(&job) {
             Some(s) if s.as_str() == state => {}
             Some(s) => problems.push(format!(
-                "job {job} is {state} in the job table but {s} in the journal"
+                "job {job} is {state} in the job table but {s} in the journal",
+                job = shown_id(&job),
+                state = shown_word(&state)
             )),
             None => problems.push(format!(
-                "job {job} is in the job table but not in the journal"
+                "job {job} is in the job table but not in the journal",
+                job = shown_id(&job)
             )),
         }
     }
@@ -260,19 +299,22 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     for (id, released) in &table {
         match holds.get(id) {
             None => problems.push(format!(
-                "hold {id} is in the hold table but not in the journal"
+                "hold {id} is in the hold table but not in the journal",
+                id = shown_id(id)
             )),
             Some(r) if r != released => problems.push(format!(
                 "hold {id} is {} in the hold table but {} in the journal",
                 if *released { "released" } else { "active" },
-                if *r { "released" } else { "active" }
+                if *r { "released" } else { "active" },
+                id = shown_id(id)
             )),
             _ => {}
         }
     }
     for id in holds.keys().filter(|id| !table.contains_key(*id)) {
         problems.push(format!(
-            "hold {id} is in the journal but missing from the hold table"
+            "hold {id} is in the journal but missing from the hold table",
+            id = shown_id(id)
         ));
     }
     Ok(ChainReport {
@@ -379,7 +421,8 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
         .map_err(db)?
     else {
         out.push(format!(
-            "job {job} was requested in the journal but is missing from the job table"
+            "job {job} was requested in the journal but is missing from the job table",
+            job = shown_id(job)
         ));
         return Ok(out);
     };
@@ -387,14 +430,16 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
         let table: Option<lethe_core::Scope> = serde_json::from_str(&r[8].text()).ok();
         if table.as_ref() != Some(scope) || &r[9].text() != hash {
             out.push(format!(
-                "job {job}'s scope in the job table is not the scope its request journaled"
+                "job {job}'s scope in the job table is not the scope its request journaled",
+                job = shown_id(job)
             ));
         }
     }
     let mut differs = |what: &str, same: bool| {
         if !same {
             out.push(format!(
-                "job {job}'s {what} in the job table is not what the journal recorded"
+                "job {job}'s {what} in the job table is not what the journal recorded",
+                job = shown_id(job)
             ));
         }
     };
@@ -478,7 +523,7 @@ impl Journal {
                 .map_err(db)?
             {
                 let e: Entry = serde_json::from_str(&r[1].text())
-                    .map_err(|e| JournalError::Corrupt(e.to_string()))?;
+                    .map_err(|e| JournalError::Corrupt(unreadable(&e)))?;
                 f.add(&r[0].text(), &e);
             }
             projection_problems(tx, job_id, &f)
@@ -495,7 +540,8 @@ impl Journal {
             .map_err(db)?
             .iter()
             .map(|r| {
-                serde_json::from_str(&r[0].text()).map_err(|e| JournalError::Corrupt(e.to_string()))
+                serde_json::from_str(&r[0].text())
+                    .map_err(|e| JournalError::Corrupt(unreadable(&e)))
             })
             .collect()
         })

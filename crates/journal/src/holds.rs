@@ -143,7 +143,7 @@ impl Journal {
                 let body = serde_json::to_string(&Entry::HoldReleased {
                     hold_id: hold_id.clone(),
                 })
-                .map_err(|e| crate::JournalError::Corrupt(e.to_string()))?;
+                .map_err(|e| crate::JournalError::Corrupt(crate::chain::unreadable(&e)))?;
                 let n = tx
                     .one(
                         "SELECT count(*) FROM journal WHERE kind = 'hold_released' AND job_id IS NULL AND body = $1",
