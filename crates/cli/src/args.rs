@@ -207,12 +207,12 @@ pub enum GuardCommand {
 }
 
 /// The scope of a request. --tenant alone is the whole tenant; with --subject, one person;
-/// with --memory, one memory of that person.
+/// with --memory, one memory of that person. Or all of them from --scope-file.
 #[derive(ClapArgs, Debug, Clone)]
 pub struct ScopeArgs {
     /// The tenant's stable id.
-    #[arg(long)]
-    pub tenant: String,
+    #[arg(long, required_unless_present = "scope_file")]
+    pub tenant: Option<String>,
     /// The person's stable id (never a name or e-mail). Omit it to address the whole tenant.
     #[arg(long)]
     pub subject: Option<String>,
@@ -224,6 +224,12 @@ pub struct ScopeArgs {
     /// inventory and verify, default: whatever version the store holds.
     #[arg(long, requires = "memory")]
     pub version: Option<String>,
+    /// Read the scope from a file instead ("-": standard input), as JSON: {"tenant": "acme",
+    /// "subject": "u-42"}, with "memory" and "version" for one memory. Keeps the person's
+    /// identifiers out of the process list and the shell's history; JSON also shows every
+    /// space and character of an identifier exactly.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "subject", "memory", "version"])]
+    pub scope_file: Option<PathBuf>,
 }
 
 /// `lethe job ...`

@@ -55,7 +55,7 @@ fn looks_like_another(id: &str) -> bool {
 /// Warns (stderr) when an identifier of the scope may print like another one: a scope matches
 /// its identifiers exactly, so such a one usually finds nobody, and an erasure of it is
 /// certified with zero counts (newcomer review: `--subject 'bo\u{200b}b'` was certified so).
-fn warn_if_lookalike(s: &ScopeArgs, what: &str) {
+fn warn_if_lookalike(s: &ScopeIds, what: &str) {
     for (flag, id) in [
         ("--tenant", Some(s.tenant.as_str())),
         ("--subject", s.subject.as_deref()),
@@ -70,7 +70,63 @@ fn warn_if_lookalike(s: &ScopeArgs, what: &str) {
     }
 }
 
-pub(crate) fn parse_scope(s: &ScopeArgs) -> Result<Scope, Exit> {
+/// A scope's identifiers as given, from the flags or from `--scope-file`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScopeIds {
+    tenant: String,
+    subject: Option<String>,
+    memory: Option<String>,
+    version: Option<String>,
+}
+
+/// The largest `--scope-file` read: four identifiers of at most a few KiB each.
+const MAX_SCOPE_FILE: u64 = 64 * 1024;
+
+/// The scope's identifiers: the flags' or `--scope-file`'s (whose errors quote nothing of it).
+pub(crate) fn scope_ids(s: &ScopeArgs) -> Result<ScopeIds, Exit> {
+    use std::io::Read;
+    let Some(file) = &s.scope_file else {
+        return Ok(ScopeIds {
+            tenant: s.tenant.clone().unwrap_or_default(),
+            subject: s.subject.clone(),
+            memory: s.memory.clone(),
+            version: s.version.clone(),
+        });
+    };
+    let shown = if file.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        file.display().to_string()
+    };
+    let mut text = String::new();
+    let read = if file.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(MAX_SCOPE_FILE + 1)
+            .read_to_string(&mut text)
+    } else {
+        std::fs::File::open(file).and_then(|f| f.take(MAX_SCOPE_FILE + 1).read_to_string(&mut text))
+    };
+    read.map_err(|e| bad(format!("cannot read the --scope-file ({shown}): {e}")))?;
+    if text.len() as u64 > MAX_SCOPE_FILE {
+        return Err(bad(format!(
+            "the --scope-file ({shown}) is over {} KiB; it holds one scope",
+            MAX_SCOPE_FILE / 1024
+        )));
+    }
+    let ids: ScopeIds = serde_json::from_str(&text).map_err(|e| {
+        bad(format!(
+            "the --scope-file ({shown}) is not a scope: {}; write one JSON object, as \
+             {{\"tenant\": \"acme\", \"subject\": \"u-42\"}} (with \"memory\" and \
+             \"version\" for one memory)",
+            lethe_core::redact_quoted(&e.to_string())
+        ))
+    })?;
+    Ok(ids)
+}
+
+pub(crate) fn parse_scope(s: &ScopeIds) -> Result<Scope, Exit> {
     scope_of(
         &s.tenant,
         s.subject.as_deref(),
@@ -282,8 +338,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             })
         }
         Command::Inventory { scope: args, json } => {
-            let scope = parse_scope(&args)?;
-            warn_if_lookalike(&args, "the inventory counts what is held for");
+            let ids = scope_ids(&args)?;
+            let scope = parse_scope(&ids)?;
+            warn_if_lookalike(&ids, "the inventory counts what is held for");
             let engine = open_engine_probing(&config)?;
             let counts = engine.inventory(&scope)?;
             if json {
@@ -314,8 +371,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             drain_timeout,
             json,
         } => {
-            let scope = parse_scope(&args)?;
-            warn_if_lookalike(&args, "the erasure covers");
+            let ids = scope_ids(&args)?;
+            let scope = parse_scope(&ids)?;
+            warn_if_lookalike(&ids, "the erasure covers");
             let basis: Basis = basis.parse().map_err(bad)?;
             let deadline = deadline
                 .map(|d| {
@@ -428,8 +486,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             audit,
             json,
         } => {
-            let scope = parse_scope(&args)?;
-            warn_if_lookalike(&args, "verification looks for");
+            let ids = scope_ids(&args)?;
+            let scope = parse_scope(&ids)?;
+            warn_if_lookalike(&ids, "verification looks for");
             let engine = open_engine_probing(&config)?;
             let counts = engine.verify(&scope, audit)?;
             let clean = counts.iter().all(|(_, c)| c.count == 0);

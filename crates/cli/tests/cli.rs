@@ -249,6 +249,91 @@ fn erase_completes_with_a_certificate_that_counts_the_inventory_and_keeps_others
     }
 }
 
+/// The scope can come from a file or standard input (identifiers out of the process list):
+/// the same scope as the flags, the same job; a file that is not a scope is refused, exit 2,
+/// without quoting it and with nothing touched, and so is a file given with the flags.
+#[test]
+fn a_scope_from_a_file_or_stdin_is_the_flags_scope_and_a_bad_one_touches_nothing() {
+    let env = Env::new(500);
+    let before = env.memory_bytes();
+    let file = env.path().join("scope.json");
+    for (text, why) in [
+        (r#"{"tenant": "acme", "subject": 4242424242}"#, "a number"),
+        (
+            r#"{"tenant": "acme", "subjekt": "SECRETQX"}"#,
+            "a misspelt key",
+        ),
+        (r#"{"tenant": "acme", "SECRET-QX": "x"}"#, "a made-up key"),
+        (r#"["acme", "SECRETQX"]"#, "an array"),
+        (r#"{"tenant": "acme", "subject": "SECRETQX""#, "cut short"),
+        (
+            r#"{"tenant": "acme", "memory": "m/SECRETQX"}"#,
+            "memory without subject",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let args = [
+            "erase",
+            "--scope-file",
+            file.to_str().unwrap(),
+            "--basis",
+            "gdpr-art17",
+        ];
+        let out = env.run(&[&args[..], &["--ticket", "T", "--json"]].concat());
+        assert_eq!(code(&out), 2, "{why}: {}", stderr(&out));
+        let all = format!("{}{}", stderr(&out), String::from_utf8_lossy(&out.stdout));
+        assert!(
+            !all.contains("SECRET") && !all.contains("4242424242"),
+            "{why}: {all}"
+        );
+    }
+    std::fs::write(&file, r#"{"tenant": "acme", "subject": "alice"}"#).unwrap();
+    let f = file.to_str().unwrap();
+    let out = env.run(&["inventory", "--scope-file", f, "--subject", "bob"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("bob"), "{}", stderr(&out));
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+    // The file's inventory is the flags'; standard input's too.
+    let inv = env.inventory("acme", "alice");
+    let (c, v) = env.json(&["inventory", "--scope-file", f, "--json"]);
+    assert_eq!((c, &v["targets"]), (0, &inv));
+    let mut child = env
+        .cmd(&[
+            "erase",
+            "--scope-file",
+            "-",
+            "--basis",
+            "gdpr-art17",
+            "--ticket",
+            "T",
+            "--json",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"tenant": "acme", "subject": "alice"}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "COMPLETE");
+    for t in ["checkpoints", "memories"] {
+        assert_eq!(v["certificate"]["targets"][t]["count"], inv[t]["count"]);
+    }
+    let (c, clean) = env.json(&["verify", "--scope-file", f, "--json"]);
+    assert_eq!((c, &clean["clean"]), (0, &Value::Bool(true)));
+    let (c, flags) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+    assert_eq!((c, &flags["clean"]), (0, &Value::Bool(true)));
+}
+
 #[test]
 fn verify_reports_residue_with_exit_1() {
     let env = Env::new(500);
