@@ -232,10 +232,39 @@ pub fn build(
 /// Deserializes a kind's table, mapping serde's message (which names unknown keys and what was
 /// expected) to a plain string, without the values it quotes (a URL given where a table was
 /// expected holds its password).
+/// The message starts with the key at fault (`path: invalid type ...`, `registry.table:
+/// ...`, `namespace[1]: ...`; newcomer review: it did not say which key), but never with a key
+/// the file made up.
 pub(crate) fn parse_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, String> {
-    toml::Value::Table(table)
-        .try_into()
-        .map_err(|e: toml::de::Error| lethe_core::redact_quoted(e.message()))
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let inner = e.inner().message().trim_end().to_string();
+        let mut segments: Vec<String> = e
+            .path()
+            .iter()
+            .map(|s| match s {
+                serde_path_to_error::Segment::Seq { index } => format!("[{index}]"),
+                serde_path_to_error::Segment::Map { key } => key.clone(),
+                serde_path_to_error::Segment::Enum { variant } => variant.clone(),
+                serde_path_to_error::Segment::Unknown => "?".into(),
+            })
+            .collect();
+        if inner.starts_with("unknown field") {
+            segments.pop();
+        }
+        let path = segments.iter().fold(String::new(), |p, s| {
+            if p.is_empty() || s.starts_with('[') {
+                p + s
+            } else {
+                p + "." + s
+            }
+        });
+        let inner = lethe_core::redact_quoted(&inner);
+        if path.is_empty() {
+            inner
+        } else {
+            format!("`{path}`: {inner}")
+        }
+    })
 }
 
 /// Resolves a configured path against the config file's folder.

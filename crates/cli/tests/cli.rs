@@ -640,7 +640,15 @@ fn bad_config_exits_2_and_says_what_to_fix() {
                 "namespace = [\"{tenant}\", \"{subject}\"]",
                 "namespace = \"postgres://app:PWZQsecret@127.0.0.1/x\"",
             ),
-            "invalid type: string \"…\", expected a sequence",
+            "`namespace`: invalid type: string \"…\", expected a sequence",
+        ),
+        // A target's wrong-typed value is named by its key, at any depth (newcomer review).
+        (
+            base.replace(
+                "namespace = [\"{tenant}\", \"{subject}\"]",
+                "namespace = [\"{tenant}\", 4242]",
+            ),
+            "target memories (langgraph-sqlite-store): `namespace[1]`: invalid type: integer `…`",
         ),
         (
             base.replace(
