@@ -143,6 +143,39 @@ fn a_job_completes_with_the_journal_on_postgres() {
     assert_eq!(c, 0);
 }
 
+/// A journal database that does not exist, or a role the server does not know, is a
+/// configuration error (exit 2, with what to do), not an outage (exit 1); nothing is touched.
+#[test]
+fn a_missing_journal_database_or_role_is_a_config_error() {
+    let env = Env::new(500);
+    let config = env.dir.path().join("lethe.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let before = std::fs::read(env.dir.path().join("memory/store.db")).unwrap();
+    let missing = text.replace(&env.db, &format!("{}_missing", env.db));
+    std::fs::write(&config, &missing).unwrap();
+    let (c, _, err) = env.json(&ERASE);
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        err.contains("does not exist") && err.contains("create it first"),
+        "{err}"
+    );
+    let role = text.replace("postgres://postgres@", "postgres://lethe_no_such_role@");
+    assert_ne!(role, text, "the test's URL names the postgres role");
+    std::fs::write(&config, &role).unwrap();
+    let (c, _, err) = env.json(&["jobs", "--json"]);
+    assert_eq!(c, 2, "{err}");
+    // An unreachable server is not the configuration's fault: exit 1 (retry later).
+    let down = text.replace("127.0.0.1:5432", "127.0.0.1:1");
+    assert_ne!(down, text);
+    std::fs::write(&config, &down).unwrap();
+    let (c, _, err) = env.json(&["jobs", "--json"]);
+    assert_eq!(c, 1, "{err}");
+    assert_eq!(
+        std::fs::read(env.dir.path().join("memory/store.db")).unwrap(),
+        before
+    );
+}
+
 #[test]
 fn a_second_process_cannot_run_a_claimed_job_and_picks_it_up_when_its_runner_dies() {
     let env = Env::new(1);

@@ -247,9 +247,32 @@ impl Journal {
             .config_mut()
             .application_name("lethe-journal")
             .connect_timeout(Duration::from_secs(10));
-        let client = settings.connect().map_err(|e| JournalError::Db {
-            store: shown.clone(),
-            message: db::pg_err(e),
+        let client = settings.connect().map_err(|e| {
+            use postgres::error::SqlState;
+            // No such database, or credentials the server refuses: the configuration is wrong
+            // (exit 2), no retry mends it (newcomer review: exit 1, as for an outage).
+            let config = e.code().is_some_and(|c| {
+                [
+                    SqlState::INVALID_CATALOG_NAME,
+                    SqlState::INVALID_PASSWORD,
+                    SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+                ]
+                .contains(c)
+            });
+            let hint = if e.code() == Some(&SqlState::INVALID_CATALOG_NAME) {
+                "; create it first (e.g. `createdb`): Lethe makes its tables, not the database"
+            } else {
+                ""
+            };
+            let message = db::pg_err(e);
+            if config {
+                JournalError::BadUrl(format!("{shown}: {message}{hint}"))
+            } else {
+                JournalError::Db {
+                    store: shown.clone(),
+                    message,
+                }
+            }
         })?;
         let j = Self {
             backend: Backend::Postgres {
