@@ -783,12 +783,24 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     if json {
                         print_json(&json!(holds));
                     } else {
+                        // An identifier that prints like another (`bob ` and `bob`) is shown
+                        // quoted, its invisible characters escaped (newcomer review: two such
+                        // holds looked the same).
+                        let shown = |id: String| {
+                            if looks_like_another(&id) {
+                                format!("{id:?}")
+                            } else {
+                                id
+                            }
+                        };
                         let mut t = Table::new(&["HOLD", "TENANT", "SUBJECT", "SINCE", "REASON"]);
                         for h in holds {
                             t.row(vec![
                                 h.hold_id,
-                                h.tenant,
-                                h.subject.unwrap_or_else(|| "(whole tenant)".into()),
+                                shown(h.tenant),
+                                h.subject
+                                    .map(shown)
+                                    .unwrap_or_else(|| "(whole tenant)".into()),
                                 h.created_at,
                                 h.reason.unwrap_or_default(),
                             ]);

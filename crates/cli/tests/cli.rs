@@ -448,6 +448,9 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
             "{}",
             stderr(&out)
         );
+        // `hold list` shows it quoted and escaped, so it does not print like the other.
+        let list = String::from_utf8_lossy(&env.run(&["hold", "list"]).stdout).into_owned();
+        assert!(list.contains(&format!("{look_alike:?}")), "{list}");
         let release = [
             "hold",
             "release",
