@@ -67,7 +67,7 @@ pub enum Command {
         /// Legal basis.
         #[arg(long, value_parser = ["gdpr-art17", "ccpa", "account-closure", "tenant-offboarding"])]
         basis: String,
-        /// The privacy ticket this erasure answers (e.g. DSR-1234).
+        /// The privacy ticket this erasure answers (e.g. DSR-1234; at most 256 bytes).
         #[arg(long)]
         ticket: String,
         /// Deadline, YYYY-MM-DD. Default: the basis's (GDPR one month from today, CCPA 45

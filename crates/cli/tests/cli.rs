@@ -431,7 +431,17 @@ fn bad_input_exits_2_names_the_fix_and_touches_nothing() {
     // Blank, or shown other than written (a line separator, a right-to-left override).
     let out = env.run(&["hold", "add", "--tenant", "acme", "--reason", " "]);
     refused(&out, "non-empty and one line");
-    for ticket in ["T\u{2028}-2", "T-\u{202e}1"] {
+    let out = env.run(&[
+        "hold",
+        "add",
+        "--tenant",
+        "acme",
+        "--reason",
+        &"r".repeat(1025),
+    ]);
+    refused(&out, "over 1024 bytes");
+    let long = "T".repeat(257);
+    for ticket in ["T\u{2028}-2", "T-\u{202e}1", long.as_str()] {
         let mut args = ERASE_ALICE.to_vec();
         let at = args.iter().position(|a| *a == "--ticket").unwrap() + 1;
         args[at] = ticket;

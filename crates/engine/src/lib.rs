@@ -216,6 +216,12 @@ fn open_journal(config: &Config) -> Result<Journal, EngineError> {
     })
 }
 
+/// The longest `--ticket`: a reference into the privacy team's tracker, journaled with the job.
+pub const MAX_TICKET: usize = 256;
+
+/// The longest `--extension-reason` or hold `--reason`: one line, journaled as typed.
+pub const MAX_NOTE: usize = 1024;
+
 /// Text a person reads on one line as it was written: not blank, no control character, no
 /// line or paragraph separator, no bidirectional override or isolate (which would show it
 /// reordered).
@@ -496,6 +502,11 @@ impl Engine {
                 "--reason must be non-empty and one line without control characters",
             ));
         }
+        if reason.is_some_and(|r| r.len() > MAX_NOTE) {
+            return Err(input(format!(
+                "--reason is over {MAX_NOTE} bytes: give the matter's reference, not its file"
+            )));
+        }
         let id = format!("hold-{}", random_hex(4)?);
         let scope = match subject {
             Some(s) => Scope::Subject {
@@ -538,6 +549,21 @@ impl Engine {
             return Err(input(
                 "--ticket must be a non-empty reference without control characters",
             ));
+        }
+        if req.ticket.len() > MAX_TICKET {
+            return Err(input(format!(
+                "--ticket is over {MAX_TICKET} bytes: give the ticket's reference (DSR-1234), \
+                 not the request itself"
+            )));
+        }
+        if req
+            .extension_reason
+            .as_ref()
+            .is_some_and(|r| r.len() > MAX_NOTE)
+        {
+            return Err(input(format!(
+                "--extension-reason is over {MAX_NOTE} bytes: one line saying why"
+            )));
         }
         if let Some(r) = &req.extension_reason {
             if !one_line(r) {
