@@ -297,11 +297,15 @@ pub enum HoldCommand {
     /// Place a hold on a tenant, or on one subject.
     Add {
         /// The tenant.
-        #[arg(long)]
-        tenant: String,
+        #[arg(long, required_unless_present = "scope_file")]
+        tenant: Option<String>,
         /// The subject (omit to hold the whole tenant).
         #[arg(long)]
         subject: Option<String>,
+        /// Read the tenant and subject from a file instead ("-": standard input), as JSON:
+        /// {"tenant": "acme", "subject": "u-42"}, as `erase --scope-file`.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "subject"])]
+        scope_file: Option<PathBuf>,
         /// Why (e.g. the matter number). Do not put personal data here.
         #[arg(long)]
         reason: Option<String>,
@@ -309,11 +313,14 @@ pub enum HoldCommand {
     /// Release the holds on exactly this tenant (and subject).
     Release {
         /// The tenant.
-        #[arg(long)]
-        tenant: String,
+        #[arg(long, required_unless_present = "scope_file")]
+        tenant: Option<String>,
         /// The subject.
         #[arg(long)]
         subject: Option<String>,
+        /// Read the tenant and subject from a file instead ("-": standard input), as JSON.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "subject"])]
+        scope_file: Option<PathBuf>,
     },
     /// List active holds.
     List {

@@ -85,15 +85,38 @@ const MAX_SCOPE_FILE: u64 = 64 * 1024;
 
 /// The scope's identifiers: the flags' or `--scope-file`'s (whose errors quote nothing of it).
 pub(crate) fn scope_ids(s: &ScopeArgs) -> Result<ScopeIds, Exit> {
-    use std::io::Read;
-    let Some(file) = &s.scope_file else {
-        return Ok(ScopeIds {
+    match &s.scope_file {
+        Some(file) => read_scope_file(file),
+        None => Ok(ScopeIds {
             tenant: s.tenant.clone().unwrap_or_default(),
             subject: s.subject.clone(),
             memory: s.memory.clone(),
             version: s.version.clone(),
-        });
+        }),
+    }
+}
+
+/// A hold's tenant and subject: the flags' or `--scope-file`'s, which may not name a memory.
+fn hold_ids(
+    tenant: Option<String>,
+    subject: Option<String>,
+    file: Option<&Path>,
+) -> Result<(String, Option<String>), Exit> {
+    let Some(file) = file else {
+        return Ok((tenant.unwrap_or_default(), subject));
     };
+    let ids = read_scope_file(file)?;
+    if ids.memory.is_some() || ids.version.is_some() {
+        return Err(bad(
+            "a hold covers a tenant or a subject: its --scope-file names no memory or version",
+        ));
+    }
+    Ok((ids.tenant, ids.subject))
+}
+
+/// Reads a `--scope-file` (`-`: standard input); its errors quote nothing of it.
+fn read_scope_file(file: &Path) -> Result<ScopeIds, Exit> {
+    use std::io::Read;
     let shown = if file.as_os_str() == "-" {
         "standard input".to_string()
     } else {
@@ -746,7 +769,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     tenant,
                     subject,
                     reason,
+                    scope_file,
                 } => {
+                    let (tenant, subject) = hold_ids(tenant, subject, scope_file.as_deref())?;
                     let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
                     // A hold matches byte for byte: an identifier that prints like another
                     // (spaces at an end, an invisible character, a letter decomposed into a
@@ -768,7 +793,12 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                         engine.scope_hash(&scope)
                     );
                 }
-                HoldCommand::Release { tenant, subject } => {
+                HoldCommand::Release {
+                    tenant,
+                    subject,
+                    scope_file,
+                } => {
+                    let (tenant, subject) = hold_ids(tenant, subject, scope_file.as_deref())?;
                     let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
                     let ids = engine.release_holds(scope.tenant(), scope.subject())?;
                     if ids.is_empty() {

@@ -295,6 +295,22 @@ fn a_scope_from_a_file_or_stdin_is_the_flags_scope_and_a_bad_one_touches_nothing
     assert_eq!(env.memory_bytes(), before, "no memory file changed");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     assert!(jobs.as_array().unwrap().is_empty(), "no job was created");
+    // A hold from the file holds the scope the flags name; it names no memory.
+    let out = env.run(&["hold", "add", "--scope-file", f, "--reason", "matter 7"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 4, "held: {}", stderr(&out));
+    let memory = env.path().join("memory.json");
+    std::fs::write(
+        &memory,
+        r#"{"tenant": "acme", "subject": "alice", "memory": "m/1"}"#,
+    )
+    .unwrap();
+    let out = env.run(&["hold", "release", "--scope-file", memory.to_str().unwrap()]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let out = env.run(&["hold", "release", "--scope-file", f]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
     // The file's inventory is the flags'; standard input's too.
     let inv = env.inventory("acme", "alice");
     let (c, v) = env.json(&["inventory", "--scope-file", f, "--json"]);
