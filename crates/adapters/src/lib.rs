@@ -56,12 +56,23 @@ pub type Locator = (String, u64);
 /// carries the number of rows it accounts for, which is the most its erase may delete. The
 /// engine erases locators in their sorted order, so adapters name them so that sorting puts
 /// what must go last (a thread registry) last.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Inventory {
     /// Rows in scope, hidden rows included.
     pub count: u64,
     /// Locators and the rows each accounts for, sorted.
     pub locators: Vec<(String, u64)>,
+}
+
+/// Counts only: a locator holds identifiers (a thread id, a namespace), and a `{:?}` in a log
+/// line or a panic message must not print them.
+impl std::fmt::Debug for Inventory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inventory")
+            .field("count", &self.count)
+            .field("locators", &self.locators.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Inventory {
@@ -249,6 +260,17 @@ pub(crate) fn is_updated_at_version(v: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::is_updated_at_version;
+
+    /// `{:?}` of an inventory shows counts, never a locator (a thread id, a namespace).
+    #[test]
+    fn an_inventory_debug_shows_no_locator() {
+        let inv = super::Inventory::from_locators(vec![("acme:alice:t1".into(), 3)]);
+        let shown = format!("{inv:?}");
+        assert!(
+            !shown.contains("alice") && shown.contains("count: 3"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn a_version_is_updated_at_in_utc_with_microseconds() {

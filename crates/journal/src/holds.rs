@@ -8,7 +8,7 @@ use crate::entry::Entry;
 use crate::{Journal, Result};
 
 /// A legal hold.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Clone, serde::Serialize)]
 pub struct Hold {
     /// Its id.
     pub hold_id: String,
@@ -20,6 +20,17 @@ pub struct Hold {
     pub reason: Option<String>,
     /// When it was placed.
     pub created_at: String,
+}
+
+/// Without the held identifiers or the reason: a `{:?}` in a log line must not print them.
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("hold_id", &self.hold_id)
+            .field("whole_tenant", &self.subject.is_none())
+            .field("created_at", &self.created_at)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Journal {

@@ -908,6 +908,13 @@ fn holds_cover_their_tenant_or_subject_and_are_journaled(st: Store) {
     );
     j.add_hold(AT, "hold-2", &t("globex"), None, None, "hmac:y")
         .unwrap();
+    // `{:?}` of a hold, and of the gate's state, names no identifier and no reason: a debug
+    // line or a panic message must not print them.
+    let shown = format!("{:?} {:?}", j.holds().unwrap(), j.gate_state().unwrap());
+    for id in ["acme", "alice", "globex", "matter 7"] {
+        assert!(!shown.contains(id), "{shown}");
+    }
+    assert!(shown.contains("hold-1"), "{shown}");
     assert_eq!(
         j.holds_covering(&t("globex"), Some(&s("carol"))).unwrap(),
         vec!["hold-2"]
