@@ -13,7 +13,18 @@ use clap::{Args as ClapArgs, Parser, Subcommand, ValueEnum};
 /// internal error; 2 bad input or config, nothing touched; 3 job BLOCKED; 4 refused by a legal
 /// hold.
 #[derive(Parser, Debug)]
-#[command(name = "lethe", version, max_term_width = 100)]
+#[command(
+    name = "lethe",
+    version,
+    max_term_width = 100,
+    after_help = "Examples:
+  lethe demo                                   # a sample memory, erased end to end
+  lethe targets                                # is every registered store reachable?
+  lethe inventory --tenant acme --subject u-42 # what would be erased (reads only)
+  lethe erase --tenant acme --subject u-42 --basis gdpr-art17 --ticket DSR-1234
+  lethe jobs; lethe job show del-...           # what ran, and where each job is
+  lethe certificate show del-... --format md   # the signed proof, for a DPO"
+)]
 pub struct Args {
     /// The config file (default ./lethe.toml).
     #[arg(
@@ -51,6 +62,10 @@ pub enum Command {
         json: bool,
     },
     /// Count what each target holds for a scope (a dry run: reads only, journals nothing).
+    #[command(after_help = "Examples:
+  lethe inventory --tenant acme --subject u-42 --json
+  jq -n '{tenant: \"acme\", subject: \"u-42\"}' | lethe inventory --scope-file -
+  lethe inventory --tenant acme                # a whole tenant (offboarding)")]
     Inventory {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -61,6 +76,14 @@ pub enum Command {
     /// Erase a scope: freeze it at the gate, wait for running work to drain, inventory, erase
     /// exactly the inventory, verify zero residue, and sign a certificate. If a job for the
     /// same scope is still open, that job is continued instead of starting another.
+    #[command(after_help = "Examples:
+  lethe erase --tenant acme --subject u-42 --basis gdpr-art17 --ticket DSR-1234
+  lethe erase --scope-file scope.json --basis ccpa --ticket DSR-77 --json
+  lethe erase --tenant acme --subject u-42 --memory memories/k42 --basis gdpr-art17 --ticket T-9
+  lethe erase --tenant acme --basis tenant-offboarding --ticket OFF-3 --drain-timeout 300
+
+Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `lethe resume`),
+4 held, 2 bad input (nothing touched).")]
     Erase {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -88,6 +111,9 @@ pub enum Command {
     },
     /// Count what is left for a scope in every target, hidden rows included (expired items,
     /// orphaned vectors). Exit 1 if anything is left.
+    #[command(after_help = "Examples:
+  lethe verify --tenant acme --subject u-42    # exit 0 clean, 1 residue
+  lethe verify --tenant acme --subject u-42 --audit --json")]
     Verify {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -112,6 +138,9 @@ pub enum Command {
         command: JobCommand,
     },
     /// Continue a job from its journaled state (after a crash, a block or a released hold).
+    #[command(after_help = "Examples:
+  lethe resume del-3f2a9c                      # after a crash, a block or a released hold
+  lethe resume del-3f2a9c --reinventory        # residue written around the gate: erase it too")]
     Resume {
         /// The job id (`del-` and hex, as `lethe jobs` lists it).
         #[arg(value_parser = job_id)]
@@ -153,6 +182,10 @@ pub enum Command {
         command: CertificateCommand,
     },
     /// Legal holds: a held tenant or subject cannot be erased until the hold is released.
+    #[command(after_help = "Examples:
+  lethe hold add --tenant acme --subject u-42 --reason MATTER-7
+  lethe hold list
+  lethe hold release --tenant acme --subject u-42    # then `lethe resume JOB` for a held job")]
     Hold {
         #[command(subcommand)]
         command: HoldCommand,
@@ -353,5 +386,49 @@ fn job_id(s: &str) -> Result<String, String> {
         Ok(s.to_string())
     } else {
         Err("not a job id: `lethe jobs` lists them (del- and hex)".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+    use clap::{CommandFactory, Parser};
+
+    /// Every example a `--help` shows is a command line Lethe accepts: help that teaches a
+    /// command the parser refuses would be worse than none.
+    #[test]
+    fn every_help_example_parses() {
+        fn walk(cmd: &mut clap::Command, path: &mut Vec<String>, found: &mut Vec<String>) {
+            let help = cmd.render_help().to_string();
+            if let Some((_, examples)) = help.split_once("Examples:") {
+                for line in examples.lines().map(str::trim) {
+                    // `lethe a; lethe b` is two commands; a `# comment` is not part of one.
+                    let line = line.split(" #").next().unwrap_or_default();
+                    for one in line.split(';').map(str::trim) {
+                        if one.starts_with("lethe ") {
+                            found.push(one.to_string());
+                        }
+                    }
+                }
+            }
+            for sub in cmd.get_subcommands_mut() {
+                path.push(sub.get_name().to_string());
+                walk(sub, path, found);
+                path.pop();
+            }
+        }
+        let mut found = Vec::new();
+        walk(&mut Args::command(), &mut Vec::new(), &mut found);
+        assert!(found.len() >= 15, "{found:?}");
+        for example in &found {
+            let words = example
+                .replace("del-...", "del-3f2a9c")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect::<Vec<_>>();
+            if let Err(e) = Args::try_parse_from(&words) {
+                panic!("`{example}` does not parse: {e}");
+            }
+        }
     }
 }
