@@ -16,7 +16,8 @@
 //! journal at once (each would miss the other's permits).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lethe_core::{MemoryId, Subject, Tenant, Version};
@@ -100,6 +101,8 @@ impl State {
 /// The in-process gate. Share it behind an `Arc`; every method takes `&self`.
 pub struct MemoryGate {
     state: Mutex<State>,
+    /// The journal's authority gone ([`Journal::gate_authority_lost`]): nothing is granted.
+    lost: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for MemoryGate {
@@ -142,7 +145,17 @@ impl MemoryGate {
         }
         Ok(Self {
             state: Mutex::new(s),
+            lost: journal.gate_authority_lost(),
         })
+    }
+
+    /// Refuses while the journal's authority is gone: another process's fence could be closed
+    /// and this gate would not know (a PostgreSQL journal whose session the server closed).
+    fn authority(&self) -> Result<(), GateError> {
+        if self.lost.load(Ordering::Relaxed) {
+            return Err(GateError::AuthorityLost);
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -159,6 +172,7 @@ impl MemoryGate {
         reads: &[(MemoryId, Version)],
         ttl: Duration,
     ) -> Result<Lease, GateError> {
+        self.authority()?;
         let subject_key = key(tenant.as_str(), subject.as_str());
         let tenant_key = key(tenant.as_str(), "");
         let now_ms = millis(now);
@@ -202,6 +216,7 @@ impl MemoryGate {
         lease: i64,
         _sink: Sink,
     ) -> Result<Permit, GateError> {
+        self.authority()?;
         let mut s = self.lock();
         let s = &mut *s;
         let l = s.leases.get(&lease).ok_or(GateError::NoSuchLease)?;
@@ -253,8 +268,11 @@ impl MemoryGate {
         self.end_permit(permit)
     }
 
-    /// Whether a lease was revoked.
+    /// Whether a lease was revoked. Refused, as every grant is, once the journal's authority
+    /// is lost ([`GateError::AuthorityLost`]).
     pub fn is_revoked(&self, lease: i64) -> Result<bool, GateError> {
+        // A run polling its lease stops too: it cannot be told of a fence this gate misses.
+        self.authority()?;
         self.lock()
             .leases
             .get(&lease)

@@ -591,3 +591,51 @@ fn postgres_a_freeze_that_failed_before_its_commit_is_tried_again_once() {
         "bumped once"
     );
 }
+
+/// On PostgreSQL the gate's authority is a session lock: when the server closes that session
+/// (here `pg_terminate_backend`, as a restart or an idle timeout would), another process's
+/// freeze is no longer refused, and this gate would never hear of its fence. So the gate then
+/// refuses every new lease and permit, and a run's lease check, until the process starts
+/// again (review: it went on granting).
+#[test]
+fn postgres_a_gate_whose_authority_session_is_closed_grants_nothing() {
+    let db = TestDb::new(true);
+    let j = open(&db.url);
+    let g = MemoryGate::load(&j).unwrap();
+    let bob = g.take_lease(NOW, &t("acme"), &s("bob"), &[], TTL).unwrap();
+    assert!(g.take_permit(NOW, bob.id, Sink::Tool).is_ok());
+    // Another process's freeze is refused while the authority holds.
+    let other = open(&db.url);
+    let a = job(&other, "del-a", subject_scope("acme", "alice"));
+    assert!(other.freeze(AT, &a, None).is_err());
+    let (admin, _) = db.admin.as_ref().unwrap();
+    let ended: i64 = postgres_client(admin)
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+             WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted \
+               AND ((classid::bigint << 32) | objid::bigint) = $1",
+            &[&0x006c_6574_6867i64],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1, "the authority's session was found and ended");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while g.take_lease(NOW, &t("acme"), &s("carol"), &[], TTL).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gate still grants leases 10 s after its authority's session ended"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        g.take_lease(NOW, &t("acme"), &s("carol"), &[], TTL),
+        Err(GateError::AuthorityLost)
+    );
+    assert_eq!(
+        g.take_permit(NOW, bob.id, Sink::Tool),
+        Err(GateError::AuthorityLost)
+    );
+    assert_eq!(g.is_revoked(bob.id), Err(GateError::AuthorityLost));
+    // The freeze the authority kept out now goes through: what the gate refuses for.
+    other.freeze(AT, &a, None).unwrap();
+}

@@ -48,6 +48,10 @@ pub enum GateError {
     /// sink: a key is one take's, never reused.
     #[error("key used: this key named another take of the lease; use a new key for each take")]
     KeyUsed,
+    /// The in-process gate's authority over the journal is gone (its PostgreSQL session was
+    /// closed): it could not hear of another process's fence, so it grants nothing.
+    #[error("unavailable: the in-process gate lost its authority over the journal (its PostgreSQL session was closed); restart the process")]
+    AuthorityLost,
 }
 
 impl GateError {

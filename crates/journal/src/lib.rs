@@ -124,24 +124,35 @@ pub struct Journal {
     shown: String,
     /// Held while this journal is an in-process gate's ([`Journal::hold_gate_authority`]).
     authority: Mutex<Option<Authority>>,
+    /// Set once a held authority is found gone ([`Journal::gate_authority_lost`]).
+    authority_lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What holds a journal's gate authority: an exclusive lock on `<journal>-gate` (SQLite), or a
 /// session advisory lock on a connection of its own (PostgreSQL). Either dies with the process.
 enum Authority {
     File(#[allow(dead_code)] std::fs::File),
-    Pg(Box<postgres::Client>),
+    /// The lock's connection, shared with its watchdog; dropping `stop` ends the watchdog.
+    Pg {
+        client: Arc<Mutex<postgres::Client>>,
+        stop: Option<std::sync::mpsc::Sender<()>>,
+    },
 }
 
 impl Drop for Authority {
     fn drop(&mut self) {
         // Released before the drop returns: a closed connection's backend lets its locks go
         // a moment later, and a freeze in that moment would be refused.
-        if let Authority::Pg(c) = self {
-            let _ = c.batch_execute("SELECT pg_advisory_unlock_all()");
+        if let Authority::Pg { client, stop } = self {
+            stop.take();
+            let _ = lock(client).batch_execute("SELECT pg_advisory_unlock_all()");
         }
     }
 }
+
+/// How often a PostgreSQL gate authority's watchdog checks that its session (and so its lock)
+/// is still there.
+const AUTHORITY_CHECK: Duration = Duration::from_millis(200);
 
 /// The session advisory lock an in-process gate holds on a PostgreSQL journal; every freeze
 /// takes it shared for its transaction.
@@ -234,6 +245,7 @@ impl Journal {
             },
             shown,
             authority: Mutex::default(),
+            authority_lost: Arc::default(),
         };
         j.write(|tx| schema::migrate(tx, schema::Dialect::Sqlite).map_err(|m| j.db(m)))?;
         Ok(j)
@@ -283,6 +295,7 @@ impl Journal {
             },
             shown,
             authority: Mutex::default(),
+            authority_lost: Arc::default(),
         };
         j.write(|tx| schema::migrate(tx, schema::Dialect::Postgres).map_err(|m| j.db(m)))?;
         Ok(j)
@@ -325,10 +338,48 @@ impl Journal {
                 if !got {
                     return Err(JournalError::GateAuthority);
                 }
-                *held = Some(Authority::Pg(Box::new(c)));
+                // The lock lives as long as the session: a server that closes the connection
+                // (a restart, `pg_terminate_backend`, an idle timeout) releases it, and another
+                // process's freeze would no longer be refused while the in-process gate, which
+                // never hears of that fence, went on granting permits (review). A watchdog
+                // checks the session every AUTHORITY_CHECK; once it is gone the gate refuses
+                // every new lease and permit (`gate_authority_lost`) until the process starts
+                // again and takes the lock anew.
+                let client = Arc::new(Mutex::new(c));
+                let (stop, stopped) = std::sync::mpsc::channel::<()>();
+                let (watched, lost) = (Arc::clone(&client), Arc::clone(&self.authority_lost));
+                std::thread::Builder::new()
+                    .name("lethe-gate-authority".into())
+                    .spawn(move || loop {
+                        match stopped.recv_timeout(AUTHORITY_CHECK) {
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                                if lock(&watched).batch_execute("SELECT 1").is_err() {
+                                    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+                                    tracing::error!(
+                                        "The gate authority's PostgreSQL session is gone: the \
+                                         in-process gate refuses every new lease and permit; \
+                                         restart the process"
+                                    );
+                                    return;
+                                }
+                            }
+                            _ => return,
+                        }
+                    })
+                    .map_err(|e| self.db(format!("gate authority watchdog: {e}")))?;
+                *held = Some(Authority::Pg {
+                    client,
+                    stop: Some(stop),
+                });
             }
         }
         Ok(())
+    }
+
+    /// Set (for good) once the gate authority this journal held is found gone: on PostgreSQL,
+    /// its session closed by the server. An in-process gate checks it before every grant.
+    pub fn gate_authority_lost(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        Arc::clone(&self.authority_lost)
     }
 
     /// Whether this journal holds the gate authority.

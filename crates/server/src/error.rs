@@ -51,6 +51,8 @@ impl From<GateError> for ApiError {
             GateError::NoSuchLease => (StatusCode::NOT_FOUND, "no_such_lease"),
             GateError::NoSuchPermit => (StatusCode::NOT_FOUND, "no_such_permit"),
             GateError::KeyUsed => (StatusCode::CONFLICT, "key_used"),
+            // Only an in-process gate refuses so; mapped for completeness.
+            GateError::AuthorityLost => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         };
         Self::new(status, code, e.to_string())
     }
