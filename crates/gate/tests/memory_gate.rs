@@ -608,13 +608,15 @@ fn postgres_a_gate_whose_authority_session_is_closed_grants_nothing() {
     let other = open(&db.url);
     let a = job(&other, "del-a", subject_scope("acme", "alice"));
     assert!(other.freeze(AT, &a, None).is_err());
-    let (admin, _) = db.admin.as_ref().unwrap();
+    let (admin, name) = db.admin.as_ref().unwrap();
+    // Advisory locks are per database: this test's, not a parallel test's.
     let ended: i64 = postgres_client(admin)
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
              WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND granted \
+               AND database = (SELECT oid FROM pg_database WHERE datname = $2) \
                AND ((classid::bigint << 32) | objid::bigint) = $1",
-            &[&0x006c_6574_6867i64],
+            &[&0x006c_6574_6867i64, name],
         )
         .unwrap()
         .get(0);
