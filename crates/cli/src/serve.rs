@@ -62,6 +62,21 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         .map(|_| open())
         .collect::<Result<Vec<_>, _>>()?;
     let watcher_journal = open()?;
+    // One authority per journal: not while an in-process gate grants permits over it, and no
+    // in-process gate may load while this server does (review: neither was refused).
+    watcher_journal
+        .share_gate_authority()
+        .map_err(|e| match e {
+            lethe_journal::JournalError::GateAuthority => Exit(
+                3,
+                anyhow::anyhow!(
+                "another process's in-process gate (Engine::memory_gate) governs this journal: \
+                 its permits live in that process, and `lethe serve` would grant others it \
+                 never sees. Stop that process first, or serve another journal"
+            ),
+            ),
+            e => Exit(1, e.into()),
+        })?;
     let postgres =
         if cfg.journal.starts_with("postgres://") || cfg.journal.starts_with("postgresql://") {
             Some(lethe_postgres::Settings::from_url(&cfg.journal, &cfg.base).map_err(bad)?)

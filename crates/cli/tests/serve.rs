@@ -344,3 +344,59 @@ fn a_stop_is_bounded_while_a_gate_call_waits_on_a_lock() {
     pg.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
         .unwrap();
 }
+
+/// One gate authority per journal: `lethe serve` refuses to start (exit 3) over a journal an
+/// in-process gate governs, and while a server runs an in-process gate cannot load over its
+/// journal (review: both ran, each granting permits the other never saw); on both journals.
+#[test]
+fn serve_and_an_in_process_gate_never_share_a_journal() {
+    let (mut admin, url) = fresh_database("lethe_serve_authority");
+    for journal in ["sqlite:lethe-journal.db".to_string(), url] {
+        let dir = setup(&CONFIG.replace("sqlite:lethe-journal.db", &journal));
+        assert_eq!(
+            lethe(dir.path()).arg("jobs").status().unwrap().code(),
+            Some(0)
+        );
+        let open = || lethe_journal::Journal::open_url(&journal, dir.path()).unwrap();
+        let j = open();
+        j.hold_gate_authority().unwrap();
+        let mut refused = lethe(dir.path())
+            .arg("serve")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while refused.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                refused.kill().unwrap();
+                panic!(
+                    "{journal}: `lethe serve` started over a journal an in-process gate governs"
+                );
+            }
+            std::thread::yield_now();
+        }
+        let out = refused.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(3), "{journal}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("in-process gate (Engine::memory_gate) governs this journal"),
+            "{err}"
+        );
+        drop(j);
+        let (mut child, _addr) = serve(dir.path());
+        assert!(matches!(
+            open().hold_gate_authority(),
+            Err(lethe_journal::JournalError::GateAuthorityTaken)
+        ));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Gone with the server (on PostgreSQL once its backend has ended).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while open().hold_gate_authority().is_err() {
+            assert!(Instant::now() < deadline, "the server's hold outlived it");
+            std::thread::yield_now();
+        }
+    }
+    let _ = admin.batch_execute("DROP DATABASE IF EXISTS lethe_serve_authority WITH (FORCE)");
+}

@@ -78,7 +78,8 @@ impl EngineError {
             EngineError::Input(_) | EngineError::Key(_) => 2,
             EngineError::Held { .. } => 4,
             EngineError::Claimed(_)
-            | EngineError::Journal(lethe_journal::JournalError::GateAuthority) => 3,
+            | EngineError::Journal(lethe_journal::JournalError::GateAuthority)
+            | EngineError::Journal(lethe_journal::JournalError::GateAuthorityTaken) => 3,
             _ => 1,
         }
     }

@@ -121,8 +121,8 @@ impl MemoryGate {
     /// `journal` the store's gate authority ([`Journal::hold_gate_authority`]): from then on a
     /// freeze through any other journal of the store (another process's `lethe erase`) is
     /// refused, since this gate would never hear of its fence; freeze through `journal`, with
-    /// [`MemoryGate::freeze`]. Refused with [`JournalError::GateAuthority`] while another
-    /// gate holds the authority.
+    /// [`MemoryGate::freeze`]. Refused with [`JournalError::GateAuthorityTaken`] while another
+    /// gate holds the authority or a `lethe serve` shares it.
     pub fn load(journal: &Journal) -> Result<Self, JournalError> {
         journal.hold_gate_authority()?;
         let g = journal.gate_state()?;

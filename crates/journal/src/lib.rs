@@ -79,6 +79,10 @@ pub enum JournalError {
     /// a freeze here would close a fence that gate never hears of.
     #[error("another process's in-process gate (Engine::memory_gate) governs this control store: its leases and permits live in that process, which would not see this erasure's fence. Run the erasure through that process, or stop it first; nothing was touched")]
     GateAuthority,
+    /// An in-process gate cannot take the authority: another process's in-process gate holds
+    /// it, or a `lethe serve` shares it ([`Journal::share_gate_authority`]).
+    #[error("the gate authority over this control store is taken: another process's in-process gate, or a `lethe serve`, grants permits over it (one authority per journal); stop it first")]
+    GateAuthorityTaken,
 }
 
 /// Shorthand for this crate's results.
@@ -132,6 +136,9 @@ pub struct Journal {
 /// session advisory lock on a connection of its own (PostgreSQL). Either dies with the process.
 enum Authority {
     File(#[allow(dead_code)] std::fs::File),
+    /// `lethe serve`'s shared hold ([`Journal::share_gate_authority`]): a lock file locked
+    /// shared, or a session holding the advisory lock shared.
+    Shared(#[allow(dead_code)] SharedHold),
     /// The lock's connection, shared with its watchdog; dropping `stop` ends the watchdog.
     Pg {
         client: Arc<Mutex<postgres::Client>>,
@@ -148,6 +155,12 @@ impl Drop for Authority {
             let _ = lock(client).batch_execute("SELECT pg_advisory_unlock_all()");
         }
     }
+}
+
+/// What a shared hold keeps alive: the lock file, or the session.
+enum SharedHold {
+    File(#[allow(dead_code)] std::fs::File),
+    Pg(#[allow(dead_code)] Box<postgres::Client>),
 }
 
 /// How often a PostgreSQL gate authority's watchdog checks that its session (and so its lock)
@@ -310,8 +323,10 @@ impl Journal {
     /// so that every freeze that got past the check is in what the gate loads.
     pub fn hold_gate_authority(&self) -> Result<()> {
         let mut held = lock(&self.authority);
-        if held.is_some() {
-            return Ok(());
+        match held.as_ref() {
+            Some(Authority::Shared(_)) => return Err(JournalError::GateAuthorityTaken),
+            Some(_) => return Ok(()),
+            None => {}
         }
         match &self.backend {
             Backend::Sqlite { path, .. } => {
@@ -320,7 +335,7 @@ impl Journal {
                 match file.try_lock() {
                     Ok(()) => *held = Some(Authority::File(file)),
                     Err(std::fs::TryLockError::WouldBlock) => {
-                        return Err(JournalError::GateAuthority)
+                        return Err(JournalError::GateAuthorityTaken)
                     }
                     Err(std::fs::TryLockError::Error(e)) => {
                         return Err(self.db(format!("gate authority file: {e}")))
@@ -336,7 +351,7 @@ impl Journal {
                     .map_err(|e| self.db(db::pg_err(e)))?
                     .get(0);
                 if !got {
-                    return Err(JournalError::GateAuthority);
+                    return Err(JournalError::GateAuthorityTaken);
                 }
                 // The lock lives as long as the session: a server that closes the connection
                 // (a restart, `pg_terminate_backend`, an idle timeout) releases it, and another
@@ -373,6 +388,52 @@ impl Journal {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// For `lethe serve`, which grants permits through the journal's tables: holds the gate
+    /// authority's lock shared for this journal's life, so that an in-process gate cannot load
+    /// over the same store while the server runs (it would never see the server's permits),
+    /// and the server does not start while one runs ([`JournalError::GateAuthority`]).
+    /// Freezes take the lock shared too, so they go on. On PostgreSQL the hold is a session's:
+    /// closed by the server, it is gone without notice (README, "The gate").
+    pub fn share_gate_authority(&self) -> Result<()> {
+        let mut held = lock(&self.authority);
+        if held.is_some() {
+            return Ok(());
+        }
+        let hold = match &self.backend {
+            Backend::Sqlite { path, .. } => {
+                let file =
+                    gate_file(path).map_err(|e| self.db(format!("gate authority file: {e}")))?;
+                match file.try_lock_shared() {
+                    Ok(()) => SharedHold::File(file),
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(JournalError::GateAuthority)
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => {
+                        return Err(self.db(format!("gate authority file: {e}")))
+                    }
+                }
+            }
+            Backend::Postgres { .. } => {
+                let Some(mut c) = self.pg_connect()? else {
+                    unreachable!("a PostgreSQL journal connects or fails");
+                };
+                let got: bool = c
+                    .query_one(
+                        "SELECT pg_try_advisory_lock_shared($1)",
+                        &[&PG_GATE_AUTHORITY],
+                    )
+                    .map_err(|e| self.db(db::pg_err(e)))?
+                    .get(0);
+                if !got {
+                    return Err(JournalError::GateAuthority);
+                }
+                SharedHold::Pg(Box::new(c))
+            }
+        };
+        *held = Some(Authority::Shared(hold));
         Ok(())
     }
 

@@ -190,7 +190,7 @@ fn a_freeze_outside_the_gate_authority_is_refused_and_touches_nothing(st: Store)
     gate.hold_gate_authority().unwrap();
     assert!(matches!(
         other.hold_gate_authority(),
-        Err(JournalError::GateAuthority)
+        Err(JournalError::GateAuthorityTaken)
     ));
     let entries = st.count("SELECT count(*) FROM journal");
     assert!(matches!(
