@@ -321,6 +321,10 @@ pub enum CertificateCommand {
         /// certificate's hash always binds it, whether the request named it or not.
         #[arg(long, requires = "memory")]
         version: Option<String>,
+        /// The scope to check against, from a file instead ("-": standard input), as
+        /// `erase --scope-file` reads it.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "subject", "memory", "version", "public_key"])]
+        scope_file: Option<PathBuf>,
     },
 }
 

@@ -697,8 +697,16 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     subject,
                     memory,
                     version,
+                    scope_file,
                 },
         } => {
+            let (tenant, subject, memory, version) = match &scope_file {
+                Some(f) => {
+                    let ids = read_scope_file(f)?;
+                    (Some(ids.tenant), ids.subject, ids.memory, ids.version)
+                }
+                None => (tenant, subject, memory, version),
+            };
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))
                 .map_err(|e| Exit(2, e))?;

@@ -1248,6 +1248,23 @@ fn certificates_verify_offline_and_bind_the_scope() {
         "bob",
     ]);
     assert_eq!(code(&wrong), 1);
+    // The scope from a file: the same checks.
+    for (who, want) in [("alice", 0), ("bob", 1)] {
+        let scope = env.path().join("scope.json");
+        std::fs::write(
+            &scope,
+            format!(r#"{{"tenant": "acme", "subject": "{who}"}}"#),
+        )
+        .unwrap();
+        let args = [
+            "certificate",
+            "verify",
+            file.to_str().unwrap(),
+            "--scope-file",
+        ];
+        let out = env.run(&[&args[..], &[scope.to_str().unwrap()]].concat());
+        assert_eq!(code(&out), want, "{who}: {}", stderr(&out));
+    }
     // With only the public key: signature checks, no scope check.
     let pk = out["certificate"]["signed_by"].as_str().unwrap();
     let ok = Command::new(env!("CARGO_BIN_EXE_lethe"))
