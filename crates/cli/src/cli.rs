@@ -122,28 +122,34 @@ fn read_scope_file(file: &Path) -> Result<ScopeIds, Exit> {
     } else {
         file.display().to_string()
     };
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     let read = if file.as_os_str() == "-" {
         std::io::stdin()
             .lock()
             .take(MAX_SCOPE_FILE + 1)
-            .read_to_string(&mut text)
+            .read_to_end(&mut bytes)
     } else {
-        std::fs::File::open(file).and_then(|f| f.take(MAX_SCOPE_FILE + 1).read_to_string(&mut text))
+        std::fs::File::open(file).and_then(|f| f.take(MAX_SCOPE_FILE + 1).read_to_end(&mut bytes))
     };
     read.map_err(|e| bad(format!("cannot read the --scope-file ({shown}): {e}")))?;
-    if text.len() as u64 > MAX_SCOPE_FILE {
+    if bytes.len() as u64 > MAX_SCOPE_FILE {
         return Err(bad(format!(
             "the --scope-file ({shown}) is over {} KiB; it holds one scope",
             MAX_SCOPE_FILE / 1024
         )));
     }
-    let ids: ScopeIds = serde_json::from_str(&text).map_err(|e| {
-        bad(format!(
-            "the --scope-file ({shown}) is not a scope: {}; write one JSON object, as \
-             {{\"tenant\": \"acme\", \"subject\": \"u-42\"}} (with \"memory\" and \
-             \"version\" for one memory)",
+    let ids: ScopeIds = serde_json::from_slice(&bytes).map_err(|e| {
+        // A key the file made up is never named, however field-like (review: `{"acme":
+        // "u42"}` named `acme`): the file has four keys, and a wrong one may be an identifier.
+        let why = if e.to_string().starts_with("unknown field") {
+            "a key other than tenant, subject, memory and version (not shown)".to_string()
+        } else {
             lethe_core::redact_quoted(&e.to_string())
+        };
+        bad(format!(
+            "the --scope-file ({shown}) is not a scope: {why}; write one JSON object, as \
+             {{\"tenant\": \"acme\", \"subject\": \"u-42\"}} (with \"memory\" and \
+             \"version\" for one memory)"
         ))
     })?;
     Ok(ids)
