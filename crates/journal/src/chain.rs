@@ -126,12 +126,16 @@ impl ChainReport {
 }
 
 /// An id read from the store, for a problem's text: as it is if it has the form Lethe gives
-/// ids (`del-`, `hold-`, then up to 64 letters or digits); a tampered row's text could be
-/// anything, an identifier included (review).
+/// ids (`del-` or `hold-`, then lowercase hex, as `random_hex` makes them); a tampered row's
+/// text could be anything, an identifier included (review: `del-alice` was shown).
 fn shown_id(id: &str) -> String {
     let ok = ["del-", "hold-"].iter().any(|p| {
         id.strip_prefix(p).is_some_and(|rest| {
-            !rest.is_empty() && rest.len() <= 64 && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+            !rest.is_empty()
+                && rest.len() <= 64
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         })
     });
     if ok {
@@ -141,13 +145,13 @@ fn shown_id(id: &str) -> String {
     }
 }
 
-/// A word read from the store (an entry's kind, a job's state): as it is if it reads like
-/// one of Lethe's, otherwise not shown.
-fn shown_word(w: &str) -> String {
-    if lethe_core::redact::field_like(&w.to_ascii_lowercase()) {
+/// A job's state read from the store: as it is if it is one of Lethe's states (review: any
+/// word was shown, `ALICE` included), otherwise not shown.
+fn shown_state(w: &str) -> String {
+    if JobState::parse(w).is_some() {
         w.to_string()
     } else {
-        "(not shown)".into()
+        "(a state Lethe does not have, not shown)".into()
     }
 }
 
@@ -218,7 +222,7 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
                         problems.push(format!(
                             "entry {seq}: job {job} has an entry ({kind}) after it completed",
                             job = shown_id(job),
-                            kind = shown_word(&kind)
+                            kind = entry.kind()
                         ));
                     }
                 }
@@ -258,7 +262,14 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     match head {
         Some(h) if h != last => problems.push(format!(
             "the newest entries were removed: the head records {}, the chain ends at entry {}",
-            h.split(':').next().unwrap_or("?"),
+            // A number, or nothing of it: a tampered head could hold anything (review).
+            h.split(':')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .map_or_else(
+                    || "(not a number, not shown)".to_string(),
+                    |n| n.to_string()
+                ),
             expected_seq - 1
         )),
         None if entries > 0 => problems.push("the head record is missing".into()),
@@ -277,7 +288,7 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
             Some(s) => problems.push(format!(
                 "job {job} is {state} in the job table but {s} in the journal",
                 job = shown_id(&job),
-                state = shown_word(&state)
+                state = shown_state(&state)
             )),
             None => problems.push(format!(
                 "job {job} is in the job table but not in the journal",

@@ -155,6 +155,7 @@ both!(
     detects_deleted_newest_entries,
     detects_a_job_table_that_disagrees_with_the_chain,
     a_tampered_rows_text_is_not_quoted_in_the_problems,
+    a_tampered_state_id_or_head_is_not_quoted,
     an_open_job_for_the_same_scope_is_reused_not_duplicated,
     invalid_transitions_are_refused_and_not_journaled,
     freeze_revokes_the_subject_and_refuses_every_new_permit_and_lease,
@@ -519,6 +520,29 @@ fn a_tampered_rows_text_is_not_quoted_in_the_problems(st: Store) {
     }
     let e = st.open().entries("del-a").unwrap_err().to_string();
     assert!(!e.contains("4242424242"), "{e}");
+}
+
+/// The same for a state alone, an id of Lethe's prefix but not its form, and the head record
+/// (review: a word-like state, `del-` plus letters and the head's first field were shown).
+fn a_tampered_state_id_or_head_is_not_quoted(st: Store) {
+    seed(&st);
+    let p = tamper(
+        &st,
+        "UPDATE jobs SET state = 'ALICEQX' WHERE job_id = 'del-a'; \
+         UPDATE jobs SET job_id = 'del-aliceqx' WHERE job_id = 'del-b'; \
+         UPDATE lethe_meta SET v = 'ALICEQX:' || v WHERE k = 'head'",
+    );
+    assert!(
+        p.iter().any(|p| p.contains("job del-a is (a state")),
+        "{p:?}"
+    );
+    assert!(
+        p.iter().any(|p| p.contains("newest entries were removed")),
+        "{p:?}"
+    );
+    for p in &p {
+        assert!(!p.to_lowercase().contains("aliceqx"), "{p}");
+    }
 }
 
 fn an_open_job_for_the_same_scope_is_reused_not_duplicated(st: Store) {
