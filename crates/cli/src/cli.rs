@@ -777,16 +777,31 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             Ok(0)
         }
         Command::Hold { command } => {
-            let engine = open_engine(&config)?;
-            match command {
+            // The scope is read and checked before the journal opens: bad input touches
+            // nothing, not even a new journal or key file (review).
+            let scope = match &command {
                 HoldCommand::Add {
                     tenant,
                     subject,
-                    reason,
+                    scope_file,
+                    ..
+                }
+                | HoldCommand::Release {
+                    tenant,
+                    subject,
                     scope_file,
                 } => {
-                    let (tenant, subject) = hold_ids(tenant, subject, scope_file.as_deref())?;
+                    let (tenant, subject) =
+                        hold_ids(tenant.clone(), subject.clone(), scope_file.as_deref())?;
                     let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
+                    Some((tenant, subject, scope))
+                }
+                HoldCommand::List { .. } => None,
+            };
+            let engine = open_engine(&config)?;
+            match command {
+                HoldCommand::Add { reason, .. } => {
+                    let (tenant, subject, scope) = scope.expect("read above");
                     // A hold matches byte for byte: an identifier that prints like another
                     // (spaces at an end, an invisible character, a letter decomposed into a
                     // combining accent) would hold nobody while it looks right in `hold list`.
@@ -807,13 +822,8 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                         engine.scope_hash(&scope)
                     );
                 }
-                HoldCommand::Release {
-                    tenant,
-                    subject,
-                    scope_file,
-                } => {
-                    let (tenant, subject) = hold_ids(tenant, subject, scope_file.as_deref())?;
-                    let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
+                HoldCommand::Release { .. } => {
+                    let (_, _, scope) = scope.expect("read above");
                     let ids = engine.release_holds(scope.tenant(), scope.subject())?;
                     if ids.is_empty() {
                         return Err(bad(

@@ -257,6 +257,15 @@ fn a_scope_from_a_file_or_stdin_is_the_flags_scope_and_a_bad_one_touches_nothing
     let env = Env::new(500);
     let before = env.memory_bytes();
     let file = env.path().join("scope.json");
+    // A bad file is refused before anything is made, a journal or key file included.
+    std::fs::write(&file, r#"{"tenant": "acme", "subject": 7}"#).unwrap();
+    for cmd in [&["hold", "add"][..], &["hold", "release"], &["inventory"]] {
+        let out = env.run(&[cmd, &["--scope-file", file.to_str().unwrap()]].concat());
+        assert_eq!(code(&out), 2, "{cmd:?}: {}", stderr(&out));
+        for made in ["lethe-journal.db", "lethe.key"] {
+            assert!(!env.path().join(made).exists(), "{cmd:?} made {made}");
+        }
+    }
     for (text, why) in [
         (r#"{"tenant": "acme", "subject": 4242424242}"#, "a number"),
         (
