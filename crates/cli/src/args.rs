@@ -64,7 +64,7 @@ pub enum Command {
     /// Count what each target holds for a scope (a dry run: reads only, journals nothing).
     #[command(after_help = "Examples:
   lethe inventory --tenant acme --subject u-42 --json
-  jq -n '{tenant: \"acme\", subject: \"u-42\"}' | lethe inventory --scope-file -
+  jq -n '{tenant: env.TENANT, subject: env.SUBJECT}' | lethe inventory --scope-file -
   lethe inventory --tenant acme                # a whole tenant (offboarding)")]
     Inventory {
         #[command(flatten)]
@@ -408,7 +408,7 @@ mod tests {
                 for line in examples.lines().map(str::trim) {
                     // `lethe a; lethe b` is two commands; a `# comment` is not part of one.
                     let line = line.split(" #").next().unwrap_or_default();
-                    for one in line.split(';').map(str::trim) {
+                    for one in line.split([';', '|']).map(str::trim) {
                         if one.starts_with("lethe ") {
                             found.push(one.to_string());
                         }
