@@ -52,6 +52,28 @@ fn looks_like_another(id: &str) -> bool {
             .any(|c| lethe_core::ident::is_invisible(c) || matches!(c, '\u{0300}'..='\u{036F}'))
 }
 
+/// An identifier quoted, with every character that would not print as itself (an invisible
+/// one, a combining accent, a control character) as `\u{...}`: Rust's `{:?}` leaves some
+/// invisible ones as they are (U+3164, U+2800; review).
+fn escaped(id: &str) -> String {
+    let mut out = String::from('"');
+    for c in id.chars() {
+        if c == '"' || c == '\\' {
+            out.push('\\');
+            out.push(c);
+        } else if c.is_control()
+            || lethe_core::ident::is_invisible(c)
+            || matches!(c, '\u{0300}'..='\u{036F}')
+        {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// Warns (stderr) when an identifier of the scope may print like another one: a scope matches
 /// its identifiers exactly, so such a one usually finds nobody, and an erasure of it is
 /// certified with zero counts (newcomer review: `--subject 'bo\u{200b}b'` was certified so).
@@ -842,7 +864,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                         // holds looked the same).
                         let shown = |id: String| {
                             if looks_like_another(&id) {
-                                format!("{id:?}")
+                                escaped(&id)
                             } else {
                                 id
                             }
