@@ -163,6 +163,12 @@ enum SharedHold {
     Pg(#[allow(dead_code)] Box<postgres::Client>),
 }
 
+/// How long a SQLite statement waits for another connection's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the `-wal` truncation at a job's completion waits for readers.
+const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
+
 /// How often a PostgreSQL gate authority's watchdog checks that its session (and so its lock)
 /// is still there.
 const AUTHORITY_CHECK: Duration = Duration::from_millis(200);
@@ -235,7 +241,7 @@ impl Journal {
             }
         }
         let conn = rusqlite::Connection::open(path).map_err(err)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(err)?;
         // FULL: a journaled step must survive power loss before the action it records.
@@ -521,13 +527,23 @@ impl Journal {
         if let Backend::Sqlite { conn, writers, .. } = &self.backend {
             let _writer = lock(writers);
             let conn = lock(conn);
+            // TRUNCATE waits for readers still in the log, holding the write lock meanwhile:
+            // wait briefly, not the 10 s busy timeout every gate write would stall behind
+            // (review). A log left is truncated at the next completion.
+            let _ = conn.busy_timeout(WAL_TRUNCATE_WAIT);
             let r = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
                 r.get::<_, i64>(0)
             });
-            if !matches!(r, Ok(0)) {
-                tracing::debug!(
-                    "the journal's write-ahead log was not truncated: a reader is in it"
-                );
+            let _ = conn.busy_timeout(BUSY_TIMEOUT);
+            match r {
+                Ok(0) => {}
+                Ok(_) => tracing::debug!(
+                    "The journal's write-ahead log was not truncated: a reader is in it."
+                ),
+                Err(e) => tracing::debug!(
+                    error = %e,
+                    "The journal's write-ahead log could not be checkpointed."
+                ),
             }
         }
     }
