@@ -57,7 +57,15 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         }
         tokens.push((token, t.role));
     }
-    let open = || Journal::open_url(&cfg.journal, &cfg.base).map_err(|e| Exit(1, e.into()));
+    // A journal URL the server refuses as configured (no such database, a role it does not
+    // know) is the configuration's error, as for every other command (review).
+    let open = || {
+        Journal::open_url(&cfg.journal, &cfg.base).map_err(|e| match e {
+            lethe_journal::JournalError::BadUrl(_)
+            | lethe_journal::JournalError::UnsupportedUrl(_) => Exit(2, e.into()),
+            e => Exit(1, e.into()),
+        })
+    };
     let journals = (0..cfg.serve.pool)
         .map(|_| open())
         .collect::<Result<Vec<_>, _>>()?;

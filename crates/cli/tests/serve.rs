@@ -212,6 +212,13 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
             CONFIG.replace("operator.token", "missing.token"),
             "missing.token",
         ),
+        (
+            CONFIG.replace(
+                "sqlite:lethe-journal.db",
+                "postgres://postgres@127.0.0.1:5432/lethe_serve_no_such_db",
+            ),
+            "create it first",
+        ),
     ];
     for (config, expected) in cases {
         let dir = setup(&config);
