@@ -138,7 +138,7 @@ enum Authority {
     File(#[allow(dead_code)] std::fs::File),
     /// `lethe serve`'s shared hold ([`Journal::share_gate_authority`]): a lock file locked
     /// shared, or a session holding the advisory lock shared.
-    Shared(#[allow(dead_code)] SharedHold),
+    Shared(#[allow(dead_code)] GateLock),
     /// The lock's connection, shared with its watchdog; dropping `stop` ends the watchdog.
     Pg {
         client: Arc<Mutex<postgres::Client>>,
@@ -157,10 +157,10 @@ impl Drop for Authority {
     }
 }
 
-/// What a shared hold keeps alive: the lock file, or the session.
-enum SharedHold {
-    File(#[allow(dead_code)] std::fs::File),
-    Pg(#[allow(dead_code)] Box<postgres::Client>),
+/// The gate authority's lock as taken: the locked file, or the session holding it.
+enum GateLock {
+    File(std::fs::File),
+    Pg(Box<postgres::Client>),
 }
 
 /// How long a SQLite statement waits for another connection's lock.
@@ -334,31 +334,11 @@ impl Journal {
             Some(_) => return Ok(()),
             None => {}
         }
-        match &self.backend {
-            Backend::Sqlite { path, .. } => {
-                let file =
-                    gate_file(path).map_err(|e| self.db(format!("gate authority file: {e}")))?;
-                match file.try_lock() {
-                    Ok(()) => *held = Some(Authority::File(file)),
-                    Err(std::fs::TryLockError::WouldBlock) => {
-                        return Err(JournalError::GateAuthorityTaken)
-                    }
-                    Err(std::fs::TryLockError::Error(e)) => {
-                        return Err(self.db(format!("gate authority file: {e}")))
-                    }
-                }
-            }
-            Backend::Postgres { .. } => {
-                let Some(mut c) = self.pg_connect()? else {
-                    unreachable!("a PostgreSQL journal connects or fails");
-                };
-                let got: bool = c
-                    .query_one("SELECT pg_try_advisory_lock($1)", &[&PG_GATE_AUTHORITY])
-                    .map_err(|e| self.db(db::pg_err(e)))?
-                    .get(0);
-                if !got {
-                    return Err(JournalError::GateAuthorityTaken);
-                }
+        match self.try_gate_lock(false)? {
+            None => return Err(JournalError::GateAuthorityTaken),
+            Some(GateLock::File(file)) => *held = Some(Authority::File(file)),
+            Some(GateLock::Pg(c)) => {
+                let c = *c;
                 // The lock lives as long as the session: a server that closes the connection
                 // (a restart, `pg_terminate_backend`, an idle timeout) releases it, and another
                 // process's freeze would no longer be refused while the in-process gate, which
@@ -408,17 +388,30 @@ impl Journal {
         if held.is_some() {
             return Ok(());
         }
-        let hold = match &self.backend {
+        let hold = self
+            .try_gate_lock(true)?
+            .ok_or(JournalError::GateAuthority)?;
+        *held = Some(Authority::Shared(hold));
+        Ok(())
+    }
+
+    /// Takes the gate authority's lock without waiting, exclusive or shared; `None` while a
+    /// holder in a conflicting mode has it.
+    fn try_gate_lock(&self, shared: bool) -> Result<Option<GateLock>> {
+        match &self.backend {
             Backend::Sqlite { path, .. } => {
                 let file =
                     gate_file(path).map_err(|e| self.db(format!("gate authority file: {e}")))?;
-                match file.try_lock_shared() {
-                    Ok(()) => SharedHold::File(file),
-                    Err(std::fs::TryLockError::WouldBlock) => {
-                        return Err(JournalError::GateAuthority)
-                    }
+                let got = if shared {
+                    file.try_lock_shared()
+                } else {
+                    file.try_lock()
+                };
+                match got {
+                    Ok(()) => Ok(Some(GateLock::File(file))),
+                    Err(std::fs::TryLockError::WouldBlock) => Ok(None),
                     Err(std::fs::TryLockError::Error(e)) => {
-                        return Err(self.db(format!("gate authority file: {e}")))
+                        Err(self.db(format!("gate authority file: {e}")))
                     }
                 }
             }
@@ -426,21 +419,18 @@ impl Journal {
                 let Some(mut c) = self.pg_connect()? else {
                     unreachable!("a PostgreSQL journal connects or fails");
                 };
+                let sql = if shared {
+                    "SELECT pg_try_advisory_lock_shared($1)"
+                } else {
+                    "SELECT pg_try_advisory_lock($1)"
+                };
                 let got: bool = c
-                    .query_one(
-                        "SELECT pg_try_advisory_lock_shared($1)",
-                        &[&PG_GATE_AUTHORITY],
-                    )
+                    .query_one(sql, &[&PG_GATE_AUTHORITY])
                     .map_err(|e| self.db(db::pg_err(e)))?
                     .get(0);
-                if !got {
-                    return Err(JournalError::GateAuthority);
-                }
-                SharedHold::Pg(Box::new(c))
+                Ok(got.then(|| GateLock::Pg(Box::new(c))))
             }
-        };
-        *held = Some(Authority::Shared(hold));
-        Ok(())
+        }
     }
 
     /// Set (for good) once the gate authority this journal held is found gone: on PostgreSQL,
