@@ -237,32 +237,11 @@ pub fn build(
 /// the file made up.
 pub(crate) fn parse_table<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, String> {
     serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-        let inner = e.inner().message().trim_end().to_string();
-        let mut segments: Vec<String> = e
-            .path()
-            .iter()
-            .map(|s| match s {
-                serde_path_to_error::Segment::Seq { index } => format!("[{index}]"),
-                serde_path_to_error::Segment::Map { key } => key.clone(),
-                serde_path_to_error::Segment::Enum { variant } => variant.clone(),
-                serde_path_to_error::Segment::Unknown => "?".into(),
-            })
-            .collect();
-        if inner.starts_with("unknown field") {
-            segments.pop();
-        }
-        let path = segments.iter().fold(String::new(), |p, s| {
-            if p.is_empty() || s.starts_with('[') {
-                p + s
-            } else {
-                p + "." + s
-            }
-        });
-        let inner = lethe_core::redact_quoted(&inner);
+        let (path, reason) = lethe_core::redact::fault(e.path(), e.inner().message().trim_end());
         if path.is_empty() {
-            inner
+            reason
         } else {
-            format!("`{path}`: {inner}")
+            format!("`{path}`: {reason}")
         }
     })
 }

@@ -62,6 +62,34 @@ pub fn redact_quoted(message: &str) -> String {
     out
 }
 
+/// Where a deserializer failed, and why, for a message: the path to the fault (`reads[0]`,
+/// `registry.table`; empty at the top) without the last key when that key is the fault (an
+/// unknown field: a key the caller or the file made up may be built from an identifier), and
+/// the reason with its quoted values redacted ([`redact_quoted`]).
+pub fn fault(path: &serde_path_to_error::Path, reason: &str) -> (String, String) {
+    use serde_path_to_error::Segment;
+    let mut segments: Vec<String> = path
+        .iter()
+        .map(|s| match s {
+            Segment::Seq { index } => format!("[{index}]"),
+            Segment::Map { key } => key.clone(),
+            Segment::Enum { variant } => variant.clone(),
+            Segment::Unknown => "?".into(),
+        })
+        .collect();
+    if reason.starts_with("unknown field") {
+        segments.pop();
+    }
+    let path = segments.iter().fold(String::new(), |p, s| {
+        if p.is_empty() || s.starts_with('[') {
+            p + s
+        } else {
+            p + "." + s
+        }
+    });
+    (path, redact_quoted(reason))
+}
+
 /// Whether a key a caller or a file made up reads like a field name (`colour`: lower case,
 /// digits and `_`, at most 32 bytes), and so may be named in a message; one that does not
 /// (`zz-secret-field`, an e-mail address) may be built from an identifier.

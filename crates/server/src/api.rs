@@ -177,32 +177,11 @@ fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiEr
     // own message began `zz-secret: unknown field ...`).
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     let t = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-        let inner = e.inner().to_string();
-        let mut segments: Vec<String> = e
-            .path()
-            .iter()
-            .map(|s| match s {
-                serde_path_to_error::Segment::Seq { index } => format!("[{index}]"),
-                serde_path_to_error::Segment::Map { key } => key.clone(),
-                serde_path_to_error::Segment::Enum { variant } => variant.clone(),
-                serde_path_to_error::Segment::Unknown => "?".into(),
-            })
-            .collect();
-        if inner.starts_with("unknown field") {
-            segments.pop();
-        }
-        let path = segments.iter().fold(String::new(), |p, s| {
-            if p.is_empty() || s.starts_with('[') {
-                p + s
-            } else {
-                p + "." + s
-            }
-        });
-        let inner = lethe_core::redact_quoted(&inner);
+        let (path, reason) = lethe_core::redact::fault(e.path(), &e.inner().to_string());
         ApiError::bad_request(if path.is_empty() {
-            format!("the body does not fit the request: {inner}")
+            format!("the body does not fit the request: {reason}")
         } else {
-            format!("the body does not fit the request: {path}: {inner}")
+            format!("the body does not fit the request: {path}: {reason}")
         })
     })?;
     de.end()
