@@ -177,6 +177,15 @@ fn read_scope_file(file: &Path) -> Result<ScopeIds, Exit> {
     Ok(ids)
 }
 
+/// The scope `inventory`, `erase` and `verify` act on, from the flags or `--scope-file`, with
+/// a warning for an identifier that prints like another (`what`: what the command does).
+fn checked_scope(args: &ScopeArgs, what: &str) -> Result<Scope, Exit> {
+    let ids = scope_ids(args)?;
+    let scope = parse_scope(&ids)?;
+    warn_if_lookalike(&ids, what);
+    Ok(scope)
+}
+
 pub(crate) fn parse_scope(s: &ScopeIds) -> Result<Scope, Exit> {
     scope_of(
         &s.tenant,
@@ -389,9 +398,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             })
         }
         Command::Inventory { scope: args, json } => {
-            let ids = scope_ids(&args)?;
-            let scope = parse_scope(&ids)?;
-            warn_if_lookalike(&ids, "the inventory counts what is held for");
+            let scope = checked_scope(&args, "the inventory counts what is held for")?;
             let engine = open_engine_probing(&config)?;
             let counts = engine.inventory(&scope)?;
             if json {
@@ -422,9 +429,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             drain_timeout,
             json,
         } => {
-            let ids = scope_ids(&args)?;
-            let scope = parse_scope(&ids)?;
-            warn_if_lookalike(&ids, "the erasure covers");
+            let scope = checked_scope(&args, "the erasure covers")?;
             let basis: Basis = basis.parse().map_err(bad)?;
             let deadline = deadline
                 .map(|d| {
@@ -537,9 +542,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             audit,
             json,
         } => {
-            let ids = scope_ids(&args)?;
-            let scope = parse_scope(&ids)?;
-            warn_if_lookalike(&ids, "verification looks for");
+            let scope = checked_scope(&args, "verification looks for")?;
             let engine = open_engine_probing(&config)?;
             let counts = engine.verify(&scope, audit)?;
             let clean = counts.iter().all(|(_, c)| c.count == 0);
