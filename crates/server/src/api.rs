@@ -372,6 +372,13 @@ fn check_key(key: Option<&str>, field: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A key the gate names for a take that carried none: 128 random bits, in hex.
+fn gate_key() -> Result<String, ApiError> {
+    let mut b = [0u8; 16];
+    getrandom::getrandom(&mut b).map_err(|_| ApiError::unavailable())?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// The longest permit key: room for a UUID or 32 random bytes in hex, with a prefix.
 const MAX_KEY_LEN: usize = 80;
 
@@ -393,6 +400,13 @@ async fn take_permit(
     }
     check_key(b.key.as_deref(), "key")?;
     check_key(b.release_key.as_deref(), "release_key")?;
+    // Every permit has a key, which ending it must show: a take without one gets one from the
+    // gate, so another run naming the permit's (sequential) id cannot end it, and with it end a
+    // drain early.
+    let key = match b.key {
+        Some(k) => k,
+        None => gate_key()?,
+    };
     let clock = Arc::clone(&state.clock);
     let hook = state.hooks.before_permit.clone();
     let (permit, released) = match &state.pg {
@@ -408,11 +422,12 @@ async fn take_permit(
                 b.lease_id,
                 sink,
                 b.release.map(|p| (p, b.release_key)),
-                b.key,
+                Some(key.clone()),
             )
             .await?
         }
         None => {
+            let key = key.clone();
             gate(&state, move |j| {
                 // The release first and whatever the take's answer: its boundary has ended.
                 let released = match b
@@ -429,14 +444,13 @@ async fn take_permit(
                 if let Some(h) = hook {
                     h();
                 }
-                let permit =
-                    j.take_permit_keyed(clock.now(), b.lease_id, sink, b.key.as_deref())?;
+                let permit = j.take_permit_keyed(clock.now(), b.lease_id, sink, Some(&key))?;
                 Ok((permit, released))
             })
             .await?
         }
     };
-    let mut answer = json!({"permit_id": permit.id});
+    let mut answer = json!({"permit_id": permit.id, "key": key});
     if let Some(released) = released {
         answer["released"] = json!(released);
     }

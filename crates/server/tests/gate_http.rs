@@ -233,6 +233,13 @@ impl Env {
         ))
     }
 
+    /// A lease's permits still active (neither released nor cancelled).
+    fn active_permits_of(&self, lease: i64) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM permits WHERE lease_id = {lease} AND state = 'active'"
+        ))
+    }
+
     /// Permit rows registered for a subject's leases.
     fn permits_for(&self, subject: &str) -> i64 {
         self.count(&format!(
@@ -419,6 +426,7 @@ both!(
     an_idle_connection_is_closed_after_the_timeout,
     a_slow_answer_is_not_cut_by_the_idle_timeout,
     a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains,
+    a_permit_taken_without_a_key_ends_only_with_the_key_the_gate_named,
     a_client_trickling_headers_or_a_body_is_closed,
     a_restarted_server_keeps_fences_and_revocations,
     the_server_sweeps_expired_leases_and_ended_permits,
@@ -1522,6 +1530,68 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains(b: Bac
     });
     assert_eq!(v["state"], "COMPLETE", "{v}");
     assert_eq!(env.permits_of(lease.lease_id), 1, "one permit per key");
+}
+
+/// A permit taken without a key (raw HTTP, a hand-written client) gets one the gate names, and
+/// ends only with it: another run naming its sequential id, without the key or with another
+/// permit's, cannot end it and so cannot let an erasure drain while its holder is still inside
+/// its boundary. It used to be ended by any runtime token.
+fn a_permit_taken_without_a_key_ends_only_with_the_key_the_gate_named(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "alice", &[], 60_000).unwrap();
+    let take = |body: Value| rt.call("POST", "/v1/permits", Some(&body));
+    let answer = take(json!({"lease_id": lease.lease_id, "sink": "tool"})).unwrap();
+    let held = answer["permit_id"].as_i64().unwrap();
+    let held_key = answer["key"]
+        .as_str()
+        .expect("the gate names a key")
+        .to_string();
+    assert_eq!(held_key.len(), 32, "{answer}");
+    assert!(held_key.bytes().all(|c| c.is_ascii_hexdigit()), "{answer}");
+    // Each take gets a key of its own; a keyed take's answer carries the key it sent.
+    let other = take(json!({"lease_id": lease.lease_id, "sink": "tool"})).unwrap();
+    let other_key = other["key"].as_str().unwrap().to_string();
+    assert_ne!(other_key, held_key);
+    let mine = take(json!({"lease_id": lease.lease_id, "sink": "state", "key": "run-1"})).unwrap();
+    assert_eq!(mine["key"], "run-1");
+    let job = env.erase("alice", 60);
+    env.wait_frozen(&job);
+    for query in [
+        "".to_string(),
+        format!("?key={other_key}"),
+        "?key=run-1".into(),
+    ] {
+        for (method, end) in [("DELETE", ""), ("POST", "/cancelled")] {
+            let e = rt
+                .call(method, &format!("/v1/permits/{held}{end}{query}"), None)
+                .unwrap_err();
+            assert_eq!(code(e), "no_such_permit", "{method} {end}{query}");
+        }
+    }
+    // Nor as a take's `release`: the release is refused (`released: false`), the take too
+    // (the fence is closed), and the permit stays active.
+    let e = take(json!({"lease_id": lease.lease_id, "sink": "tool", "release": held}));
+    assert_eq!(code(e.unwrap_err()), "revoked");
+    assert_eq!(env.active_permits_of(lease.lease_id), 3);
+    for (id, key) in [
+        (other["permit_id"].as_i64().unwrap(), other_key),
+        (mine["permit_id"].as_i64().unwrap(), "run-1".into()),
+    ] {
+        rt.release_permit(Permit { id, key: Some(key) }).unwrap();
+    }
+    let v = env.job(&job);
+    assert_ne!(v["state"], "COMPLETE", "held is still active: {v}");
+    rt.call(
+        "POST",
+        &format!("/v1/permits/{held}/cancelled?key={held_key}"),
+        None,
+    )
+    .unwrap();
+    let v = env.wait_job(&job, |v| {
+        v["state"] == "COMPLETE" || v["state"] == "BLOCKED"
+    });
+    assert_eq!(v["state"], "COMPLETE", "{v}");
 }
 
 /// A request the server is slow to answer (here its gate call waits three idle timeouts) gets
