@@ -280,6 +280,106 @@ fn sigterm_stops_the_server_cleanly_on_either_journal() {
         .unwrap();
 }
 
+/// `lethe serve`'s hold on a PostgreSQL journal's gate authority is a session's. When the
+/// server closes that session (a restart, an idle timeout, here `pg_terminate_backend`) and an
+/// in-process gate takes the authority meanwhile, the server grants no lease, permit or renewal
+/// (503, retryable) while that gate holds it: the gate would never see them. Once it is gone the
+/// server takes its hold back and grants again. Before, it went on granting unaware.
+#[test]
+fn serve_grants_nothing_while_its_postgres_hold_on_the_gate_is_lost() {
+    let db = format!("lethe_hold_{}", std::process::id());
+    let (mut admin, url) = fresh_database(&db);
+    let dir = setup(&CONFIG.replace("sqlite:lethe-journal.db", &url));
+    let (mut child, addr) = serve(dir.path());
+    let rt = Client::new(&addr, RUNTIME);
+    let lease = rt.take_lease("acme", "alice", &[], 600_000).unwrap();
+    let permit = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
+    // The session holding the lock shared (key 0x006c_6574_6867: classid 0x6c, objid the rest).
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_database d \
+             ON d.oid = l.database WHERE d.datname = $1 AND l.locktype = 'advisory' \
+             AND l.classid = 108 AND l.objid = 1702127719 AND l.mode = 'ShareLock'",
+            &[&db],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1, "the server's hold");
+    let journal = || lethe_journal::Journal::open_url(&url, dir.path()).unwrap();
+    let gate = journal();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while gate.hold_gate_authority().is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the server's hold outlived its session"
+        );
+        std::thread::yield_now();
+    }
+    // The watchdog notices within its check interval; from then on nothing is granted.
+    let refused = |e: &lethe_client::Error| e.code() == Some("unavailable");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match rt.call(
+            "POST",
+            "/v1/leases",
+            Some(&serde_json::json!({"tenant": "acme", "subject": "bob"})),
+        ) {
+            Err(e) if refused(&e) => break,
+            _ => assert!(
+                Instant::now() < deadline,
+                "leases are still granted while an in-process gate holds the authority"
+            ),
+        }
+        std::thread::yield_now();
+    }
+    let lid = lease.lease_id;
+    for (path, body) in [
+        (
+            "/v1/leases",
+            serde_json::json!({"tenant": "acme", "subject": "carol"}),
+        ),
+        (
+            "/v1/permits",
+            serde_json::json!({"lease_id": lid, "sink": "tool", "key": "k-1"}),
+        ),
+        (
+            &format!("/v1/leases/{lid}/renew") as &str,
+            serde_json::json!({"ttl_ms": 60_000}),
+        ),
+    ] {
+        let e = rt.call("POST", path, Some(&body)).unwrap_err();
+        assert_eq!(e.code(), Some("unavailable"), "{path}: {e}");
+    }
+    assert!(!gate
+        .gate_authority_lost()
+        .load(std::sync::atomic::Ordering::SeqCst));
+    // The in-process gate goes; the server takes its hold back and grants again.
+    drop(gate);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let again = loop {
+        match rt.take_lease("acme", "bob", &[], 60_000) {
+            Ok(l) => break l,
+            Err(e) => {
+                assert!(refused(&e), "refused for another reason");
+                assert!(
+                    Instant::now() < deadline,
+                    "the server never took its hold back"
+                );
+            }
+        }
+        std::thread::yield_now();
+    };
+    rt.take_permit(again.lease_id, Sink::State).unwrap();
+    rt.release_permit(permit).unwrap();
+    assert!(matches!(
+        journal().hold_gate_authority(),
+        Err(lethe_journal::JournalError::GateAuthorityTaken)
+    ));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+}
+
 /// A stop is bounded even while a gate call waits on the control store: here a lease status
 /// waits on a PostgreSQL lock the test holds. The call runs on a blocking thread the stop
 /// cannot cut, and the process used to wait for it (49 s seen); its transaction is rolled back

@@ -140,9 +140,11 @@ enum Authority {
     /// shared, or a session holding the advisory lock shared.
     Shared(#[allow(dead_code)] GateLock),
     /// The lock's connection, shared with its watchdog; dropping `stop` ends the watchdog.
+    /// `shared`: `lethe serve`'s hold (the watchdog takes the lock again after a loss).
     Pg {
         client: Arc<Mutex<postgres::Client>>,
         stop: Option<std::sync::mpsc::Sender<()>>,
+        shared: bool,
     },
 }
 
@@ -150,7 +152,7 @@ impl Drop for Authority {
     fn drop(&mut self) {
         // Released before the drop returns: a closed connection's backend lets its locks go
         // a moment later, and a freeze in that moment would be refused.
-        if let Authority::Pg { client, stop } = self {
+        if let Authority::Pg { client, stop, .. } = self {
             stop.take();
             let _ = lock(client).batch_execute("SELECT pg_advisory_unlock_all()");
         }
@@ -330,7 +332,9 @@ impl Journal {
     pub fn hold_gate_authority(&self) -> Result<()> {
         let mut held = lock(&self.authority);
         match held.as_ref() {
-            Some(Authority::Shared(_)) => return Err(JournalError::GateAuthorityTaken),
+            Some(Authority::Shared(_) | Authority::Pg { shared: true, .. }) => {
+                return Err(JournalError::GateAuthorityTaken)
+            }
             Some(_) => return Ok(()),
             None => {}
         }
@@ -346,32 +350,7 @@ impl Journal {
                 // checks the session every AUTHORITY_CHECK; once it is gone the gate refuses
                 // every new lease and permit (`gate_authority_lost`) until the process starts
                 // again and takes the lock anew.
-                let client = Arc::new(Mutex::new(c));
-                let (stop, stopped) = std::sync::mpsc::channel::<()>();
-                let (watched, lost) = (Arc::clone(&client), Arc::clone(&self.authority_lost));
-                std::thread::Builder::new()
-                    .name("lethe-gate-authority".into())
-                    .spawn(move || loop {
-                        match stopped.recv_timeout(AUTHORITY_CHECK) {
-                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                                if lock(&watched).batch_execute("SELECT 1").is_err() {
-                                    lost.store(true, std::sync::atomic::Ordering::SeqCst);
-                                    tracing::error!(
-                                        "The gate authority's PostgreSQL session is gone: the \
-                                         in-process gate refuses every new lease and permit; \
-                                         restart the process"
-                                    );
-                                    return;
-                                }
-                            }
-                            _ => return,
-                        }
-                    })
-                    .map_err(|e| self.db(format!("gate authority watchdog: {e}")))?;
-                *held = Some(Authority::Pg {
-                    client,
-                    stop: Some(stop),
-                });
+                *held = Some(self.watched(c, None)?);
             }
         }
         Ok(())
@@ -381,18 +360,105 @@ impl Journal {
     /// authority's lock shared for this journal's life, so that an in-process gate cannot load
     /// over the same store while the server runs (it would never see the server's permits),
     /// and the server does not start while one runs ([`JournalError::GateAuthority`]).
-    /// Freezes take the lock shared too, so they go on. On PostgreSQL the hold is a session's:
-    /// closed by the server, it is gone without notice (README, "The gate").
+    /// Freezes take the lock shared too, so they go on. On PostgreSQL the hold is a session's,
+    /// watched: while it is lost ([`Journal::gate_authority_lost`]) the server grants nothing,
+    /// and the watchdog takes it back (README, "The gate").
     pub fn share_gate_authority(&self) -> Result<()> {
         let mut held = lock(&self.authority);
         if held.is_some() {
             return Ok(());
         }
-        let hold = self
-            .try_gate_lock(true)?
-            .ok_or(JournalError::GateAuthority)?;
-        *held = Some(Authority::Shared(hold));
+        *held = Some(
+            match self
+                .try_gate_lock(true)?
+                .ok_or(JournalError::GateAuthority)?
+            {
+                GateLock::File(file) => Authority::Shared(GateLock::File(file)),
+                // The hold is a session's: closed by the server (a restart, an idle timeout,
+                // `pg_terminate_backend`), it is gone without notice, and an in-process gate
+                // could load and grant permits this server's tables never see, while the server
+                // went on granting its own (review). The watchdog marks it lost, which the
+                // server's lease and permit calls refuse on (503), and takes it again, shared,
+                // as soon as no in-process gate holds it.
+                GateLock::Pg(c) => {
+                    let Backend::Postgres { settings, .. } = &self.backend else {
+                        unreachable!("a PostgreSQL lock comes from a PostgreSQL journal");
+                    };
+                    self.watched(*c, Some(settings.as_ref().clone()))?
+                }
+            },
+        );
         Ok(())
+    }
+
+    /// A PostgreSQL hold of the gate authority's lock, with a watchdog that checks its session
+    /// every AUTHORITY_CHECK. Once the session is gone the hold is lost
+    /// ([`Journal::gate_authority_lost`]): an in-process gate's for good (its state may have
+    /// missed another process's freeze since, so it refuses every new lease and permit until
+    /// the process starts again); `lethe serve`'s (`again`: the settings to reconnect with)
+    /// until the watchdog has taken the lock again, shared (the server's state is all in the
+    /// journal's tables, so nothing was missed).
+    fn watched(
+        &self,
+        c: postgres::Client,
+        again: Option<lethe_postgres::Settings>,
+    ) -> Result<Authority> {
+        let shared = again.is_some();
+        let client = Arc::new(Mutex::new(c));
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let (watched, lost) = (Arc::clone(&client), Arc::clone(&self.authority_lost));
+        std::thread::Builder::new()
+            .name("lethe-gate-authority".into())
+            .spawn(move || loop {
+                if stopped.recv_timeout(AUTHORITY_CHECK)
+                    != Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                {
+                    return;
+                }
+                let is_lost = lost.load(std::sync::atomic::Ordering::SeqCst);
+                if !is_lost {
+                    if lock(&watched).batch_execute("SELECT 1").is_ok() {
+                        continue;
+                    }
+                    lost.store(true, std::sync::atomic::Ordering::SeqCst);
+                    match again {
+                        None => {
+                            tracing::error!(
+                                "The gate authority's PostgreSQL session is gone: the \
+                                 in-process gate refuses every new lease and permit; restart \
+                                 the process"
+                            );
+                            return;
+                        }
+                        Some(_) => tracing::error!(
+                            "The server's hold on the gate authority (a PostgreSQL session) \
+                             is gone: leases and permits are refused (503) until it is taken \
+                             again"
+                        ),
+                    }
+                }
+                let Some(settings) = &again else { return };
+                let Ok(mut c) = settings.connect() else {
+                    continue;
+                };
+                let got = c
+                    .query_one(
+                        "SELECT pg_try_advisory_lock_shared($1)",
+                        &[&PG_GATE_AUTHORITY],
+                    )
+                    .is_ok_and(|r| r.get::<_, bool>(0));
+                if got {
+                    *lock(&watched) = c;
+                    lost.store(false, std::sync::atomic::Ordering::SeqCst);
+                    tracing::info!("The server holds the gate authority again.");
+                }
+            })
+            .map_err(|e| self.db(format!("gate authority watchdog: {e}")))?;
+        Ok(Authority::Pg {
+            client,
+            stop: Some(stop),
+            shared,
+        })
     }
 
     /// Takes the gate authority's lock without waiting, exclusive or shared; `None` while a
@@ -433,8 +499,9 @@ impl Journal {
         }
     }
 
-    /// Set (for good) once the gate authority this journal held is found gone: on PostgreSQL,
-    /// its session closed by the server. An in-process gate checks it before every grant.
+    /// Set once the gate authority this journal held is found gone: on PostgreSQL, its session
+    /// closed by the server. An in-process gate checks it before every grant (it stays set);
+    /// `lethe serve` before every lease and permit (cleared once its hold is taken again).
     pub fn gate_authority_lost(&self) -> Arc<std::sync::atomic::AtomicBool> {
         Arc::clone(&self.authority_lost)
     }

@@ -39,6 +39,25 @@ pub(crate) struct State {
     pub(crate) pg: Option<Arc<crate::pg::PgGate>>,
     pub(crate) watchers: Arc<Watchers>,
     pub(crate) stop: watch::Receiver<bool>,
+    /// Set while the server's hold on the gate authority is lost
+    /// (`Journal::gate_authority_lost`): no lease, permit or renewal is granted meanwhile.
+    pub(crate) authority_lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Refuses a grant (503, retryable) while the server's hold on the gate authority is lost: an
+/// in-process gate may have taken it, and would never see what this server grants.
+fn granting(state: &State) -> Result<(), ApiError> {
+    if state
+        .authority_lost
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the server's hold on the gate authority is lost; retry (the server log has the cause)",
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn router(state: State) -> Router {
@@ -243,6 +262,7 @@ async fn take_lease(
     b: Result<Object<LeaseJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
+    granting(&state)?;
     let b = body(b)?;
     let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
     let tenant = Tenant::new(b.tenant).map_err(bad)?;
@@ -316,6 +336,7 @@ async fn renew_lease(
     b: Result<Object<RenewJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
+    granting(&state)?;
     let lease_id = path(lease_id)?;
     let ttl = body(b)?.ttl_ms.unwrap_or(60_000);
     if ttl == 0 || ttl > MAX_TTL_MS {
@@ -388,6 +409,7 @@ async fn take_permit(
     b: Result<Object<PermitJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
+    granting(&state)?;
     let b = body(b)?;
     let sink = match b.sink.as_str() {
         "output" => Sink::Output,

@@ -97,6 +97,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let idle_timeout = server.idle_timeout;
+    let authority_lost = server.watcher_journal.gate_authority_lost();
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
     let pg = server
         .postgres
@@ -110,6 +111,7 @@ pub async fn run(
         hooks: server.hooks,
         watchers,
         stop: stop_rx,
+        authority_lost,
     };
     tokio::spawn(sweep(
         Arc::clone(&state.pool),
