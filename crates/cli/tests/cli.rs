@@ -1881,6 +1881,86 @@ fn a_lost_or_swapped_key_file_is_refused_once_the_journal_holds_jobs() {
     refused(&fresh.run(&inv), "lethe.key is missing");
 }
 
+/// A memory job requested without a version, whose memory is gone from every target by its
+/// freeze (here deleted while a hold kept the job waiting), is frozen at the version its
+/// request found, journaled with the request, and completes: nothing of that version is left,
+/// and nothing else moved. It used to stay REQUESTED for good (`resume` asked for a
+/// `--version` it does not take).
+#[test]
+fn a_memory_gone_before_its_freeze_is_frozen_at_the_version_its_request_found() {
+    let env = Env::new(500);
+    let store = rusqlite::Connection::open(env.path().join("memory/store.db")).unwrap();
+    let (key, updated): (String, String) = store
+        .query_row(
+            "SELECT key, updated_at FROM store WHERE prefix = 'acme.alice.memories' ORDER BY key LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let memory = format!("memories/{key}");
+    assert_eq!(
+        code(&env.run(&["hold", "add", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
+    let request = [
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--memory",
+        &memory,
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ];
+    assert_eq!(code(&env.run(&request)), 4, "held");
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    let job = jobs[0]["job_id"].as_str().unwrap().to_string();
+    assert_eq!(jobs[0]["state"], "REQUESTED");
+    // The application deletes the memory meanwhile.
+    store
+        .execute(
+            "DELETE FROM store WHERE prefix = 'acme.alice.memories' AND key = ?1",
+            [&key],
+        )
+        .unwrap();
+    let others = env.others_rows();
+    let alice_rest = |c: &rusqlite::Connection| -> Vec<String> {
+        let mut st = c
+            .prepare("SELECT quote(key)||quote(value)||quote(updated_at) FROM store WHERE prefix LIKE 'acme.alice.%' ORDER BY prefix, key")
+            .unwrap();
+        st.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    };
+    let rest = alice_rest(&store);
+    assert!(!rest.is_empty());
+    assert_eq!(
+        code(&env.run(&["hold", "release", "--tenant", "acme", "--subject", "alice"])),
+        0
+    );
+    let out = env.run(&["resume", &job]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let (_, shown) = env.json(&["job", "show", &job, "--json"]);
+    assert_eq!(shown["state"], "COMPLETE", "{shown}");
+    let frozen = shown["frozen_version"].as_str().unwrap();
+    assert!(
+        frozen.starts_with(&updated.replace(' ', "T")),
+        "{frozen} is not the version of {updated}"
+    );
+    let memories = &shown["targets"]["memories"];
+    assert_eq!(
+        (memories["inventoried"].clone(), memories["residue"].clone()),
+        (0.into(), 0.into()),
+        "{shown}"
+    );
+    assert_eq!(env.others_rows(), others);
+    assert_eq!(alice_rest(&store), rest, "alice's other memories");
+}
+
 #[test]
 fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
     let env = Env::new(500);

@@ -609,8 +609,13 @@ impl Engine {
         std::fs::write(&probe, b"").map_err(unwritable)?;
         std::fs::remove_file(&probe).map_err(unwritable)?;
         // A memory scope must name a version some target holds (or an explicit one) before a
-        // job exists: a request that cannot be frozen creates nothing.
-        self.resolve_version(&req.scope)?;
+        // job exists: a request that cannot be frozen creates nothing. Without an explicit
+        // one, the version found is journaled for the freeze to fall back to.
+        let at_request = self.resolve_version(&req.scope, None)?;
+        let version_at_request = match &req.scope {
+            Scope::Memory { version: None, .. } => at_request.map(|v| v.as_str().to_string()),
+            _ => None,
+        };
         let now = self.clock.now();
         let deadline = req
             .basis
@@ -626,6 +631,7 @@ impl Engine {
             deadline,
             extension_reason: req.extension_reason,
             requested_at: rfc3339(now),
+            version_at_request,
         };
         let (job, created) = self.journal.create_job(&new)?;
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), created, "Job requested.");

@@ -191,10 +191,16 @@ impl Engine {
         }
     }
 
-    /// For a memory scope: the version to freeze, the explicit one if given. Without one, the version current now, which every target
-    /// holding the memory must agree on: a scope is one version, and a store holding the
-    /// memory at another would be certified with 0 while it keeps it.
-    pub(crate) fn resolve_version(&self, scope: &Scope) -> Result<Option<Version>, EngineError> {
+    /// For a memory scope: the version to freeze, the explicit one if given. Without one, the
+    /// version current now, which every target holding the memory must agree on: a scope is
+    /// one version, and a store holding the memory at another would be certified with 0 while
+    /// it keeps it. When no target holds the memory any more, `at_request` (the version the
+    /// request found, journaled with it), if any.
+    pub(crate) fn resolve_version(
+        &self,
+        scope: &Scope,
+        at_request: Option<&Version>,
+    ) -> Result<Option<Version>, EngineError> {
         let Scope::Memory { version, .. } = scope else {
             return Ok(None);
         };
@@ -213,6 +219,9 @@ impl Engine {
             }
         }
         let Some((_, first)) = found.first() else {
+            if let Some(v) = at_request {
+                return Ok(Some(v.clone()));
+            }
             return Err(input(
                 "no target reports a current version of this memory (it is gone from the \
                  versioned stores, or only unversioned stores such as Redis hold it): give \
@@ -231,6 +240,28 @@ impl Engine {
             )));
         }
         Ok(Some(first.clone()))
+    }
+
+    /// A memory job requested without a version: the version its request found, from its
+    /// `JobRequested` entry. The memory may be gone from every target by its freeze (erased by
+    /// another job while a hold kept this one waiting); the job then erases what is left of
+    /// that version (an unversioned store's copy, the leases that read it). Before, it stayed
+    /// REQUESTED for good.
+    fn version_at_request(&self, job: &JobRecord) -> Result<Option<Version>, EngineError> {
+        if !matches!(job.scope, Scope::Memory { version: None, .. }) {
+            return Ok(None);
+        }
+        Ok(self
+            .journal
+            .entries(&job.job_id)?
+            .into_iter()
+            .find_map(|e| match e {
+                lethe_journal::Entry::JobRequested {
+                    version_at_request: Some(v),
+                    ..
+                } => Version::new(v).ok(),
+                _ => None,
+            }))
     }
 
     /// Runs a job from wherever its journal says it is, until COMPLETE, BLOCKED or held.
@@ -602,7 +633,7 @@ impl Engine {
 
     fn step_requested(&self, job: &JobRecord) -> Result<Step, EngineError> {
         self.refuse_if_job_held(job)?;
-        let version = self.resolve_version(&job.scope)?;
+        let version = self.resolve_version(&job.scope, self.version_at_request(job)?.as_ref())?;
         let at = self.now_rfc3339();
         let f = match &self.gate {
             Some(g) => g.freeze(&self.journal, &at, &job.job_id, version.as_ref())?,

@@ -90,6 +90,7 @@ fn job(j: &Journal, id: &str, scope: Scope) -> String {
         deadline: time::macros::date!(2027 - 01 - 02),
         extension_reason: None,
         requested_at: AT.into(),
+        version_at_request: None,
     };
     j.create_job(&new).unwrap().0.job_id
 }

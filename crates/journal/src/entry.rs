@@ -22,6 +22,12 @@ pub enum Entry {
         deadline: String,
         /// Why the deadline is extended, if it is.
         extension_reason: Option<String>,
+        /// A memory scope requested without a version: the version current at the request,
+        /// which the freeze falls back to if the memory is gone from every target by then
+        /// (erased by another job while a hold kept this one waiting). Absent otherwise, and
+        /// in entries written before it existed (2026-12-04).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version_at_request: Option<String>,
     },
     /// A legal hold kept the job in REQUESTED.
     HoldRefused {

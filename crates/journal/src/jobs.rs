@@ -31,6 +31,9 @@ pub struct NewJob {
     pub extension_reason: Option<String>,
     /// Time of receipt, RFC 3339.
     pub requested_at: String,
+    /// A memory scope without a version: the version current at the request
+    /// (`Entry::JobRequested::version_at_request`).
+    pub version_at_request: Option<String>,
 }
 
 /// A job as the projection holds it.
@@ -282,6 +285,7 @@ impl Journal {
                     policy_version: new.policy_version.clone(),
                     deadline: new.deadline.to_string(),
                     extension_reason: new.extension_reason.clone(),
+                    version_at_request: new.version_at_request.clone(),
                 },
             )?;
             Ok((load_job(tx, &new.job_id)?, true))

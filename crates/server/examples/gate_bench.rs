@@ -283,6 +283,7 @@ fn main() {
                         deadline: now.date(),
                         extension_reason: None,
                         requested_at: "2026-12-02T00:00:00Z".into(),
+                        version_at_request: None,
                     })
                     .unwrap();
                 let t = Instant::now();
@@ -320,6 +321,7 @@ fn main() {
                         deadline: now.date(),
                         extension_reason: None,
                         requested_at: "2026-12-02T00:00:00Z".into(),
+                        version_at_request: None,
                     })
                     .unwrap();
                 j.freeze("2026-12-02T00:00:00Z", &job.job_id, None).unwrap();
