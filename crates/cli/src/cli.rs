@@ -78,16 +78,37 @@ fn escaped(id: &str) -> String {
 /// its identifiers exactly, so such a one usually finds nobody, and an erasure of it is
 /// certified with zero counts (newcomer review: `--subject 'bo\u{200b}b'` was certified so).
 fn warn_if_lookalike(s: &ScopeIds, what: &str) {
-    for (flag, id) in [
-        ("--tenant", Some(s.tenant.as_str())),
-        ("--subject", s.subject.as_deref()),
-        ("--memory", s.memory.as_deref()),
+    for (field, id) in [
+        ("tenant", Some(s.tenant.as_str())),
+        ("subject", s.subject.as_deref()),
+        ("memory", s.memory.as_deref()),
     ] {
         if id.is_some_and(looks_like_another) {
             eprintln!(
-                "warning: {flag} has spaces at an end, an invisible character or a combining \
-                 accent: {what} that exact identifier, not one that prints alike"
+                "warning: {} has spaces at an end, an invisible character or a combining \
+                 accent: {what} that exact identifier, not one that prints alike",
+                s.origin.name(field)
             );
+        }
+    }
+}
+
+/// Where a scope's identifiers came from, to name them in messages as the user wrote them.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// `--tenant`, `--subject`, ...
+    #[default]
+    Flags,
+    /// The keys of `--scope-file`'s object.
+    File,
+}
+
+impl Origin {
+    /// How a field of the scope is named: `--subject`, or `the --scope-file's "subject"`.
+    fn name(self, field: &str) -> String {
+        match self {
+            Origin::Flags => format!("--{field}"),
+            Origin::File => format!("the --scope-file's \"{field}\""),
         }
     }
 }
@@ -100,6 +121,8 @@ pub(crate) struct ScopeIds {
     subject: Option<String>,
     memory: Option<String>,
     version: Option<String>,
+    #[serde(skip)]
+    origin: Origin,
 }
 
 /// The largest `--scope-file` read: four identifiers of at most a few KiB each.
@@ -114,6 +137,7 @@ pub(crate) fn scope_ids(s: &ScopeArgs) -> Result<ScopeIds, Exit> {
             subject: s.subject.clone(),
             memory: s.memory.clone(),
             version: s.version.clone(),
+            origin: Origin::Flags,
         }),
     }
 }
@@ -123,9 +147,15 @@ fn hold_ids(
     tenant: Option<String>,
     subject: Option<String>,
     file: Option<&Path>,
-) -> Result<(String, Option<String>), Exit> {
+) -> Result<ScopeIds, Exit> {
     let Some(file) = file else {
-        return Ok((tenant.unwrap_or_default(), subject));
+        return Ok(ScopeIds {
+            tenant: tenant.unwrap_or_default(),
+            subject,
+            memory: None,
+            version: None,
+            origin: Origin::Flags,
+        });
     };
     let ids = read_scope_file(file)?;
     if ids.memory.is_some() || ids.version.is_some() {
@@ -133,7 +163,7 @@ fn hold_ids(
             "a hold covers a tenant or a subject: its --scope-file names no memory or version",
         ));
     }
-    Ok((ids.tenant, ids.subject))
+    Ok(ids)
 }
 
 /// Reads a `--scope-file` (`-`: standard input); its errors quote nothing of it.
@@ -160,7 +190,7 @@ fn read_scope_file(file: &Path) -> Result<ScopeIds, Exit> {
             MAX_SCOPE_FILE / 1024
         )));
     }
-    let ids: ScopeIds = serde_json::from_slice(&bytes).map_err(|e| {
+    let mut ids: ScopeIds = serde_json::from_slice(&bytes).map_err(|e| {
         // A key the file made up is never named, however field-like (review: `{"acme":
         // "u42"}` named `acme`): the file has four keys, and a wrong one may be an identifier.
         let why = if e.to_string().starts_with("unknown field") {
@@ -174,6 +204,7 @@ fn read_scope_file(file: &Path) -> Result<ScopeIds, Exit> {
              \"version\" for one memory)"
         ))
     })?;
+    ids.origin = Origin::File;
     Ok(ids)
 }
 
@@ -187,21 +218,18 @@ fn checked_scope(args: &ScopeArgs, what: &str) -> Result<Scope, Exit> {
 }
 
 pub(crate) fn parse_scope(s: &ScopeIds) -> Result<Scope, Exit> {
-    scope_of(
+    Scope::from_parts(
         &s.tenant,
         s.subject.as_deref(),
         s.memory.as_deref(),
         s.version.as_deref(),
     )
-}
-
-fn scope_of(
-    tenant: &str,
-    subject: Option<&str>,
-    memory: Option<&str>,
-    version: Option<&str>,
-) -> Result<Scope, Exit> {
-    Scope::from_parts(tenant, subject, memory, version).map_err(|e| bad(format!("--{e}")))
+    .map_err(|e| {
+        bad(match s.origin {
+            Origin::Flags => format!("--{e}"),
+            Origin::File => format!("the --scope-file's {e}"),
+        })
+    })
 }
 
 pub(crate) fn open_engine(config: &Path) -> Result<Engine, Exit> {
@@ -731,12 +759,15 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     scope_file,
                 },
         } => {
-            let (tenant, subject, memory, version) = match &scope_file {
-                Some(f) => {
-                    let ids = read_scope_file(f)?;
-                    (Some(ids.tenant), ids.subject, ids.memory, ids.version)
-                }
-                None => (tenant, subject, memory, version),
+            let ids = match &scope_file {
+                Some(f) => Some(read_scope_file(f)?),
+                None => tenant.map(|tenant| ScopeIds {
+                    tenant,
+                    subject,
+                    memory,
+                    version,
+                    origin: Origin::Flags,
+                }),
             };
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))
@@ -744,15 +775,21 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             let doc: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| bad(format!("{} is not JSON: {e}", file.display())))?;
             lethe_core::certificate::refuse_duplicate_keys(&text).map_err(|e| Exit(1, e.into()))?;
-            let key = match (&public_key, &tenant) {
-                (Some(_), Some(_)) => {
-                    return Err(bad("--tenant needs the deployment key; drop --public-key"))
+            let key = match (&public_key, &ids) {
+                (Some(_), Some(ids)) => {
+                    return Err(bad(format!(
+                        "{} needs the deployment key; drop --public-key",
+                        match ids.origin {
+                            Origin::Flags => "--tenant",
+                            Origin::File => "--scope-file",
+                        }
+                    )))
                 }
                 (Some(pk), None) => output::parse_public_key(pk).map_err(bad)?,
                 (None, _) => {
                     // Someone checking a certificate they were handed has no deployment: say
                     // how to check it without one.
-                    let offline = if tenant.is_none() {
+                    let offline = if ids.is_none() {
                         "; without the deployment's config and key, pass --public-key \
                          ed25519:<hex>, the key the issuer publishes (a certificate's \
                          `signed_by` names the key that signed it, so trust only the published one)"
@@ -766,13 +803,8 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 }
             };
             let cert = Certificate::verify(&doc, &key).map_err(|e| Exit(1, e.into()))?;
-            if let Some(t) = tenant {
-                let scope = scope_of(
-                    &t,
-                    subject.as_deref(),
-                    memory.as_deref(),
-                    version.as_deref(),
-                )?;
+            if let Some(ids) = ids {
+                let scope = parse_scope(&ids)?;
                 let cfg = Config::load(&config).map_err(bad)?;
                 let dk = lethe_engine::keyfile::load(&cfg.key_file).map_err(bad)?;
                 if !cert.is_for(&scope.hash(&dk.scope_key())) {
@@ -816,30 +848,20 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     subject,
                     scope_file,
                 } => {
-                    let (tenant, subject) =
-                        hold_ids(tenant.clone(), subject.clone(), scope_file.as_deref())?;
-                    let scope = scope_of(&tenant, subject.as_deref(), None, None)?;
-                    Some((tenant, subject, scope))
+                    let ids = hold_ids(tenant.clone(), subject.clone(), scope_file.as_deref())?;
+                    let scope = parse_scope(&ids)?;
+                    Some((ids, scope))
                 }
                 HoldCommand::List { .. } => None,
             };
             let engine = open_engine(&config)?;
             match command {
                 HoldCommand::Add { reason, .. } => {
-                    let (tenant, subject, scope) = scope.expect("read above");
+                    let (ids, scope) = scope.expect("read above");
                     // A hold matches byte for byte: an identifier that prints like another
                     // (spaces at an end, an invisible character, a letter decomposed into a
                     // combining accent) would hold nobody while it looks right in `hold list`.
-                    for (flag, id) in [("--tenant", Some(&tenant)), ("--subject", subject.as_ref())]
-                    {
-                        if id.is_some_and(|id| looks_like_another(id)) {
-                            eprintln!(
-                                "warning: {flag} has spaces at an end, an invisible character or a \
-                                 combining accent: the hold covers that exact identifier, not one \
-                                 that prints alike"
-                            );
-                        }
-                    }
+                    warn_if_lookalike(&ids, "the hold covers");
                     let id = engine.add_hold(scope.tenant(), scope.subject(), reason.as_deref())?;
                     outln!(
                         "Hold {id} placed on {} scope {}.",
@@ -848,7 +870,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     );
                 }
                 HoldCommand::Release { .. } => {
-                    let (_, _, scope) = scope.expect("read above");
+                    let (_, scope) = scope.expect("read above");
                     let ids = engine.release_holds(scope.tenant(), scope.subject())?;
                     if ids.is_empty() {
                         return Err(bad(

@@ -301,6 +301,33 @@ fn a_scope_from_a_file_or_stdin_is_the_flags_scope_and_a_bad_one_touches_nothing
             "{why}: {all}"
         );
     }
+    // Messages name the file's keys, not flags the user never typed.
+    for (text, says) in [
+        (
+            r#"{"tenant": "acme", "memory": "m/1"}"#,
+            "the --scope-file's memory needs subject",
+        ),
+        (r#"{"tenant": ""}"#, "the --scope-file's tenant is empty"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let out = env.run(&["inventory", "--scope-file", file.to_str().unwrap()]);
+        assert_eq!(code(&out), 2, "{text}");
+        assert!(stderr(&out).contains(says), "{text}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("--memory") && !stderr(&out).contains("--tenant"));
+    }
+    std::fs::write(&file, r#"{"tenant": "acme", "subject": "bo\u200bb"}"#).unwrap();
+    for args in [&["inventory"][..], &["hold", "add"]] {
+        let out = env.run(&[args, &["--scope-file", file.to_str().unwrap()]].concat());
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("warning: the --scope-file's \"subject\" has spaces at an end"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(!stderr(&out).contains("--subject"), "{}", stderr(&out));
+    }
+    let out = env.run(&["hold", "release", "--scope-file", file.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
     std::fs::write(&file, r#"{"tenant": "acme", "subject": "alice"}"#).unwrap();
     let f = file.to_str().unwrap();
     let out = env.run(&["inventory", "--scope-file", f, "--subject", "bob"]);
