@@ -811,8 +811,12 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                     outln!("Signature valid, but the certificate is NOT for that scope.");
                     if matches!(scope, Scope::Memory { version: None, .. }) {
                         outln!(
-                            "A memory certificate binds the version it erased: give --version \
-                             (`lethe job show JOB` shows it as frozen_version)."
+                            "A memory certificate binds the version it erased: give {} \
+                             (`lethe job show JOB` shows it as frozen_version).",
+                            match ids.origin {
+                                Origin::Flags => "--version",
+                                Origin::File => "\"version\" in the --scope-file",
+                            }
                         );
                     }
                     return Ok(1);

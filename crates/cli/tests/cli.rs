@@ -1658,6 +1658,26 @@ fn memory_scope_erases_one_item_and_tombstones_its_version() {
     let out = verify(None);
     assert_eq!(code(&out), 1);
     assert!(String::from_utf8_lossy(&out.stdout).contains("give --version"));
+    // The same scope from a file is told what to add to the file.
+    let scope = env.path().join("scope.json");
+    std::fs::write(
+        &scope,
+        serde_json::json!({"tenant": "acme", "subject": "alice", "memory": memory}).to_string(),
+    )
+    .unwrap();
+    let out = env.run(&[
+        "certificate",
+        "verify",
+        file.to_str().unwrap(),
+        "--scope-file",
+        scope.to_str().unwrap(),
+    ]);
+    assert_eq!(code(&out), 1);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("give \"version\" in the --scope-file"),
+        "{said}"
+    );
     let (_, shown) = env.json(&["job", "show", job, "--json"]);
     assert_eq!(shown["frozen_version"], "2026-12-02T09:58:14.000000Z");
     assert_eq!(code(&verify(Some("2026-12-02T09:58:14.000000Z"))), 0);

@@ -283,8 +283,11 @@ fn sigterm_stops_the_server_cleanly_on_either_journal() {
 /// `lethe serve`'s hold on a PostgreSQL journal's gate authority is a session's. When the
 /// server closes that session (a restart, an idle timeout, here `pg_terminate_backend`) and an
 /// in-process gate takes the authority meanwhile, the server grants no lease, permit or renewal
-/// (503, retryable) while that gate holds it: the gate would never see them. Once it is gone the
-/// server takes its hold back and grants again. Before, it went on granting unaware.
+/// (503, retryable) from the watchdog's next check (within 200 ms) for as long as that gate
+/// holds it; once it is gone the server takes its hold back and grants again. Before, it went
+/// on granting unaware. Defence in depth: the in-process gate's freezes write the journal's
+/// tables and drain the permits they find there, the server's included (review), so a grant
+/// inside those 200 ms is still drained.
 #[test]
 fn serve_grants_nothing_while_its_postgres_hold_on_the_gate_is_lost() {
     let db = format!("lethe_hold_{}", std::process::id());

@@ -373,7 +373,7 @@ impl Journal {
             let n = tx
                 .exec(
                     "UPDATE permits SET state = $2
-                      WHERE permit_id = $1 AND state = 'active' AND (request_key IS NULL OR request_key = $3)",
+                      WHERE permit_id = $1 AND state = 'active' AND request_key IS $3",
                     &[V::I(permit), state.into(), key.into()],
                 )
                 .map_err(db)?;
@@ -384,8 +384,9 @@ impl Journal {
         })
     }
 
-    /// The boundary ended normally. A permit taken with a key ends only with it
-    /// ([`Journal::release_permit_keyed`]).
+    /// The boundary ended normally, for a permit taken without a key (in-process,
+    /// [`Journal::take_permit`]). A permit taken with a key ends only with it
+    /// ([`Journal::release_permit_keyed`]), and one taken without only without.
     pub fn release_permit(&self, permit: i64) -> Result<()> {
         self.end_permit(permit, "released", None)
     }
@@ -399,7 +400,9 @@ impl Journal {
     /// [`Journal::release_permit`] showing the key the permit's take carried: a keyed permit
     /// is ended only by its holder, so a runtime that names another run's permit (a stale id,
     /// a bug) gets [`GateError::NoSuchPermit`] instead of marking it drained while that run is
-    /// still inside its boundary.
+    /// still inside its boundary. The key must match exactly: a permit taken without a key
+    /// is not ended by one shown with a key, nor a keyed one without (review, 2026-12-04:
+    /// before, any key ended a permit taken without one).
     pub fn release_permit_keyed(&self, permit: i64, key: Option<&str>) -> Result<()> {
         self.end_permit(permit, "released", key)
     }

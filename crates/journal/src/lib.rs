@@ -175,6 +175,12 @@ const WAL_TRUNCATE_WAIT: Duration = Duration::from_millis(100);
 /// is still there.
 const AUTHORITY_CHECK: Duration = Duration::from_millis(200);
 
+/// How long that check waits for the server's answer before the session counts as gone.
+const AUTHORITY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often `lethe serve`'s watchdog tries to take its lost hold again.
+const AUTHORITY_RETRY: Duration = Duration::from_secs(1);
+
 /// The session advisory lock an in-process gate holds on a PostgreSQL journal; every freeze
 /// takes it shared for its transaction.
 pub(crate) const PG_GATE_AUTHORITY: i64 = 0x006c_6574_6867;
@@ -410,14 +416,21 @@ impl Journal {
         std::thread::Builder::new()
             .name("lethe-gate-authority".into())
             .spawn(move || loop {
-                if stopped.recv_timeout(AUTHORITY_CHECK)
-                    != Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-                {
+                let is_lost = lost.load(std::sync::atomic::Ordering::SeqCst);
+                // Lost, a new session is tried every AUTHORITY_RETRY, not at every check: an
+                // in-process gate may hold the lock for hours.
+                let wait = if is_lost {
+                    AUTHORITY_RETRY
+                } else {
+                    AUTHORITY_CHECK
+                };
+                if stopped.recv_timeout(wait) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
                     return;
                 }
-                let is_lost = lost.load(std::sync::atomic::Ordering::SeqCst);
                 if !is_lost {
-                    if lock(&watched).batch_execute("SELECT 1").is_ok() {
+                    // Bounded: on a network that drops packets silently, a plain query would
+                    // wait for TCP to give up (minutes), the loss unnoticed meanwhile.
+                    if lock(&watched).is_valid(AUTHORITY_TIMEOUT).is_ok() {
                         continue;
                     }
                     lost.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -448,7 +461,15 @@ impl Journal {
                     )
                     .is_ok_and(|r| r.get::<_, bool>(0));
                 if got {
-                    *lock(&watched) = c;
+                    // Under the client's lock, which the hold's drop takes after it ends this
+                    // thread (`stop`): a hold dropped meanwhile lets the new lock go at once
+                    // instead of leaving it to this session's close (review).
+                    let mut held = lock(&watched);
+                    if stopped.try_recv() == Err(std::sync::mpsc::TryRecvError::Disconnected) {
+                        let _ = c.batch_execute("SELECT pg_advisory_unlock_all()");
+                        return;
+                    }
+                    *held = c;
                     lost.store(false, std::sync::atomic::Ordering::SeqCst);
                     tracing::info!("The server holds the gate authority again.");
                 }

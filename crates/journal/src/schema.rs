@@ -271,7 +271,7 @@ BEGIN
     END LOOP;
     FOR n IN 1 .. COALESCE(array_length(p_ends, 1), 0) LOOP
         UPDATE permits SET state = p_end_states[n]
-         WHERE permit_id = p_ends[n] AND state = 'active' AND (request_key IS NULL OR request_key = p_end_keys[n]);
+         WHERE permit_id = p_ends[n] AND state = 'active' AND request_key IS NOT DISTINCT FROM p_end_keys[n];
         GET DIAGNOSTICS changed = ROW_COUNT;
         ids := ids || changed;
     END LOOP;
@@ -288,7 +288,7 @@ DECLARE
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     UPDATE permits SET state = p_state
-     WHERE permit_id = p_permit AND state = 'active' AND (request_key IS NULL OR request_key = p_key);
+     WHERE permit_id = p_permit AND state = 'active' AND request_key IS NOT DISTINCT FROM p_key;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $f$"#,

@@ -498,6 +498,17 @@ async fn end_permit(
     let Query(KeyQuery { key }) =
         key.map_err(|_| ApiError::bad_request("the only query parameter is key"))?;
     check_key(key.as_deref(), "key")?;
+    // Every permit the server grants has a key, so an end without one matches none of them,
+    // and a permit taken in-process without one is no HTTP caller's to end: no such permit
+    // (the clients' answer to a second sending of an end, whose key they have let go).
+    if key.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_such_permit",
+            "no active permit has this id and key: a permit ends only with the key its take's \
+             answer carried (?key=)",
+        ));
+    }
     match (&state.pg, end) {
         (Some(pg), End::Released) => pg.end_permit(permit_id, "released", key).await?,
         (Some(pg), End::Cancelled) => pg.end_permit(permit_id, "cancelled", key).await?,

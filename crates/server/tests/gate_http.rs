@@ -1500,12 +1500,15 @@ fn a_take_sent_again_with_its_key_gets_its_permit_back_and_the_job_drains(b: Bac
     }
     // Only its holder ends it: without its key, or with another, a release or a cancellation
     // naming its id is `no_such_permit` and the job keeps waiting.
-    for query in ["", "?key=run-7.step-4"] {
+    for (query, refusal) in [
+        ("", "no_such_permit"),
+        ("?key=run-7.step-4", "no_such_permit"),
+    ] {
         for (method, end) in [("DELETE", ""), ("POST", "/cancelled")] {
             let e = rt
                 .call(method, &format!("/v1/permits/{first}{end}{query}"), None)
                 .unwrap_err();
-            assert_eq!(code(e), "no_such_permit", "{method} {end}{query}");
+            assert_eq!(code(e), refusal, "{method} {end}{query}");
         }
     }
     let v = env.job(&job);
@@ -1557,23 +1560,52 @@ fn a_permit_taken_without_a_key_ends_only_with_the_key_the_gate_named(b: Backend
     assert_eq!(mine["key"], "run-1");
     let job = env.erase("alice", 60);
     env.wait_frozen(&job);
-    for query in [
-        "".to_string(),
-        format!("?key={other_key}"),
-        "?key=run-1".into(),
+    for (query, refusal) in [
+        (String::new(), "no_such_permit"),
+        (format!("?key={other_key}"), "no_such_permit"),
+        ("?key=run-1".into(), "no_such_permit"),
     ] {
         for (method, end) in [("DELETE", ""), ("POST", "/cancelled")] {
             let e = rt
                 .call(method, &format!("/v1/permits/{held}{end}{query}"), None)
                 .unwrap_err();
-            assert_eq!(code(e), "no_such_permit", "{method} {end}{query}");
+            assert_eq!(code(e), refusal, "{method} {end}{query}");
         }
     }
-    // Nor as a take's `release`: the release is refused (`released: false`), the take too
-    // (the fence is closed), and the permit stays active.
-    let e = take(json!({"lease_id": lease.lease_id, "sink": "tool", "release": held}));
-    assert_eq!(code(e.unwrap_err()), "revoked");
+    // Nor as a take's `release`, without `release_key` or with another permit's: the release
+    // is not made (the take is refused too: the fence is closed), and the permit stays active.
+    for release_key in [None, Some(other_key.as_str())] {
+        let e = take(
+            json!({"lease_id": lease.lease_id, "sink": "tool", "release": held,
+                            "release_key": release_key}),
+        );
+        assert_eq!(code(e.unwrap_err()), "revoked");
+    }
     assert_eq!(env.active_permits_of(lease.lease_id), 3);
+    // A permit taken in-process without a key (`Journal::take_permit`) is ended by no key an
+    // HTTP caller shows; it used to be ended by any.
+    let journal = Journal::open_url(&env.journal, env.dir.path()).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let (acme, bob) = (Tenant::new("acme").unwrap(), Subject::new("bob").unwrap());
+    let bobs = journal
+        .take_lease(now, &acme, &bob, &[], Duration::from_secs(60))
+        .unwrap();
+    let inproc = journal
+        .take_permit(now, bobs.id, lethe_journal::gate::Sink::Tool)
+        .unwrap();
+    for key in [other_key.as_str(), held_key.as_str(), "run-1"] {
+        let e = rt
+            .call(
+                "DELETE",
+                &format!("/v1/permits/{}?key={key}", inproc.id),
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(code(e), "no_such_permit", "{key}");
+    }
+    assert_eq!(env.active_permits_of(bobs.id), 1);
+    journal.release_permit(inproc.id).unwrap();
+    assert_eq!(env.active_permits_of(bobs.id), 0);
     for (id, key) in [
         (other["permit_id"].as_i64().unwrap(), other_key),
         (mine["permit_id"].as_i64().unwrap(), "run-1".into()),
