@@ -1603,20 +1603,7 @@ fn memory_scope_erases_one_item_and_tombstones_its_version() {
         .as_u64()
         .unwrap();
     let memory = format!("memories/{key}");
-    let (c, out) = env.json(&[
-        "erase",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--memory",
-        &memory,
-        "--basis",
-        "gdpr-art17",
-        "--ticket",
-        "T",
-        "--json",
-    ]);
+    let (c, out) = env.json(&[&erase_alice_memory(&memory)[..], &["--json"]].concat());
     assert_eq!(c, 0, "{out}");
     assert_eq!(out["certificate"]["scope"], "MEMORY");
     assert_eq!(
@@ -1682,6 +1669,23 @@ fn memory_scope_erases_one_item_and_tombstones_its_version() {
     assert_eq!(shown["frozen_version"], "2026-12-02T09:58:14.000000Z");
     assert_eq!(code(&verify(Some("2026-12-02T09:58:14.000000Z"))), 0);
     assert_eq!(code(&verify(Some("2026-12-02T09:58:15.000000Z"))), 1);
+}
+
+/// `erase` of one of alice's memories (`--memory`), without `--json`.
+fn erase_alice_memory(memory: &str) -> [&str; 11] {
+    [
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--memory",
+        memory,
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T",
+    ]
 }
 
 fn contains(hay: &[u8], needle: &str) -> bool {
@@ -1761,20 +1765,7 @@ fn a_memory_two_stores_hold_at_two_versions_is_erased_one_version_a_job() {
     let (copy_before, others_before) = (all_copy(&copy), env.others_rows());
     let (orig_row, copy_row) = (row(&orig).unwrap(), row(&copy).unwrap());
     let erase = |version: Option<&str>| {
-        let mut args = vec![
-            "erase",
-            "--tenant",
-            "acme",
-            "--subject",
-            "alice",
-            "--memory",
-            "memories/m-0001",
-            "--basis",
-            "gdpr-art17",
-            "--ticket",
-            "T",
-            "--json",
-        ];
+        let mut args = [&erase_alice_memory("memories/m-0001")[..], &["--json"]].concat();
         if let Some(v) = version {
             args.extend(["--version", v]);
         }
@@ -1949,19 +1940,7 @@ fn a_memory_gone_before_its_freeze_is_frozen_at_the_version_its_request_found() 
         code(&env.run(&["hold", "add", "--tenant", "acme", "--subject", "alice"])),
         0
     );
-    let request = [
-        "erase",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--memory",
-        &memory,
-        "--basis",
-        "gdpr-art17",
-        "--ticket",
-        "T",
-    ];
+    let request = erase_alice_memory(&memory);
     assert_eq!(code(&env.run(&request)), 4, "held");
     let (_, jobs) = env.json(&["jobs", "--json"]);
     let job = jobs[0]["job_id"].as_str().unwrap().to_string();
@@ -2011,19 +1990,7 @@ fn a_memory_gone_before_its_freeze_is_frozen_at_the_version_its_request_found() 
 #[test]
 fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
     let env = Env::new(500);
-    let out = env.run(&[
-        "erase",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--memory",
-        "memories/no-such-key",
-        "--basis",
-        "gdpr-art17",
-        "--ticket",
-        "T",
-    ]);
+    let out = env.run(&erase_alice_memory("memories/no-such-key"));
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("give --version"), "{}", stderr(&out));
     let (_, jobs) = env.json(&["jobs", "--json"]);
@@ -2839,19 +2806,7 @@ fn a_memory_request_with_a_store_unreachable_is_retryable_not_bad_input() {
         &(CONFIG.replace("BATCH", "500")
             + "\n[[target]]\nname = \"pgstore\"\nkind = \"langgraph-postgres-store\"\nclass = \"primary\"\nurl = \"postgres://postgres@127.0.0.1:5999/x?sslmode=disable&connect_timeout=2\"\nnamespace = [\"{tenant}\", \"{subject}\"]\n"),
     );
-    let out = env.run(&[
-        "erase",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--memory",
-        "memories/m-0001",
-        "--basis",
-        "gdpr-art17",
-        "--ticket",
-        "T",
-    ]);
+    let out = env.run(&erase_alice_memory("memories/m-0001"));
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     says(&out, "pgstore is unavailable");
     let (_, jobs) = env.json(&["jobs", "--json"]);
@@ -2869,20 +2824,7 @@ fn work_skips_a_job_it_cannot_run_and_runs_the_others() {
     let copy = env.path().join("memory/store-copy.db");
     std::fs::copy(env.path().join("memory/store.db"), &copy).unwrap();
     assert_eq!(code(&env.run(&["hold", "add", "--tenant", "acme"])), 0);
-    let memory = [
-        "erase",
-        "--tenant",
-        "acme",
-        "--subject",
-        "alice",
-        "--memory",
-        "memories/m-0001",
-        "--basis",
-        "gdpr-art17",
-        "--ticket",
-        "T",
-        "--json",
-    ];
+    let memory = [&erase_alice_memory("memories/m-0001")[..], &["--json"]].concat();
     let (c, stuck) = env.json(&memory);
     assert_eq!(c, 4);
     let bob = [
