@@ -185,117 +185,94 @@ pub(crate) fn hidden_effects(
     tables: &[String],
     own_cascades: &[(String, String)],
 ) -> Result<Option<String>, postgres::Error> {
-    // The tables and every partition or inheritance child below them: a DELETE on a parent
-    // deletes there too, and runs their triggers and their foreign keys' actions (review,
-    // 2026-12-04).
-    const OIDS: &str = "WITH RECURSIVE tree(oid) AS (
-            SELECT to_regclass(t)::oid FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NOT NULL
-            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
-        SELECT oid FROM tree";
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
-    // A view (or a foreign table) deletes from tables its definition names, whose cascades and
-    // triggers these checks cannot see: only plain and partitioned tables are erased.
-    if let Some(r) = c
-        .query(
-            "SELECT to_regclass(t)::text FROM unnest($1::text[]) AS t
-              JOIN pg_class c ON c.oid = to_regclass(t)
-             WHERE c.relkind NOT IN ('r', 'p') ORDER BY 1 LIMIT 1",
-            &[&tables],
-        )?
-        .first()
-    {
-        let name: String = r.get(0);
-        return Ok(Some(format!(
+    let (children, parents): (Vec<&str>, Vec<&str>) = own_cascades
+        .iter()
+        .map(|(ch, pa)| (ch.as_str(), pa.as_str()))
+        .unzip();
+    // Every check in one statement (one round trip and one plan, run about three times a
+    // job), the first problem found in the order of the arms.
+    let Some(r) = c.query_opt(HIDDEN_EFFECTS, &[&tables, &children, &parents])? else {
+        return Ok(None);
+    };
+    let (kind, name): (i32, String) = (r.get(0), r.get(1));
+    let (on, parent): (Option<String>, Option<String>) = (r.get(2), r.get(3));
+    let on = on.unwrap_or_default();
+    Ok(Some(match kind {
+        1 => format!(
             "{name} is not a table (a view or a foreign table): an erase would delete through \
              it from tables Lethe cannot check. Point the target at the table itself"
-        )));
-    }
-    for r in c.query(
-        &format!(
-            "SELECT con.conname, con.conrelid::regclass::text, con.confrelid::regclass::text
-               FROM pg_constraint con
-              WHERE con.contype = 'f' AND con.confdeltype IN ('c', 'n', 'd')
-                AND con.confrelid IN ({OIDS})
-              ORDER BY 1"
         ),
-        &[&tables],
-    )? {
-        let (name, child, parent): (String, String, String) = (r.get(0), r.get(1), r.get(2));
-        let own = own_cascades.iter().any(|(ch, pa)| {
-            c.query_one(
-                "SELECT to_regclass($1) = to_regclass($3) AND to_regclass($2) = to_regclass($4)",
-                &[ch, pa, &child, &parent],
-            )
-            .map(|r| r.get::<_, Option<bool>>(0) == Some(true))
-            .unwrap_or(false)
-        });
-        if !own {
-            return Ok(Some(format!(
-                "foreign key {name} on {child} changes its rows when a row of {parent} is \
-                 deleted (ON DELETE CASCADE, SET NULL or SET DEFAULT): an erase would reach \
-                 rows outside the scope, uncounted. Make it RESTRICT or NO ACTION, or erase \
-                 that table as a target of its own"
-            )));
-        }
-    }
-    if let Some(r) = c
-        .query(
-            &format!(
-                "SELECT t.tgname, t.tgrelid::regclass::text FROM pg_trigger t
-                  WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND (t.tgtype & 8) <> 0
-                    AND t.tgrelid IN ({OIDS})
-                  ORDER BY 1 LIMIT 1"
-            ),
-            &[&tables],
-        )?
-        .first()
-    {
-        let (name, table): (String, String) = (r.get(0), r.get(1));
-        return Ok(Some(format!(
-            "trigger {name} on {table} runs on DELETE: an erase would run it, and what it \
+        2 => format!(
+            "foreign key {name} on {on} changes its rows when a row of {} is \
+             deleted (ON DELETE CASCADE, SET NULL or SET DEFAULT): an erase would reach \
+             rows outside the scope, uncounted. Make it RESTRICT or NO ACTION, or erase \
+             that table as a target of its own",
+            parent.unwrap_or_default()
+        ),
+        3 => format!(
+            "trigger {name} on {on} runs on DELETE: an erase would run it, and what it \
              changes is not counted. Drop or disable it for Lethe's role, or erase what it \
              writes as a target of its own"
-        )));
-    }
-    if let Some(r) = c
-        .query(
-            &format!(
-                "SELECT r.rulename, r.ev_class::regclass::text FROM pg_rewrite r
-                  WHERE r.ev_type = '4' AND r.ev_class IN ({OIDS})
-                  ORDER BY 1 LIMIT 1"
-            ),
-            &[&tables],
-        )?
-        .first()
-    {
-        let (name, table): (String, String) = (r.get(0), r.get(1));
-        return Ok(Some(format!(
-            "rule {name} on {table} rewrites DELETE: an erase would run it, and what it \
+        ),
+        4 => format!(
+            "rule {name} on {on} rewrites DELETE: an erase would run it, and what it \
              changes is not counted. Drop it, or erase what it writes as a target of its own"
-        )));
-    }
-    if let Some(r) = c
-        .query(
-            &format!(
-                "SELECT c.oid::regclass::text FROM pg_class c, pg_roles me
-                  WHERE me.rolname = current_user AND c.oid IN ({OIDS}) AND c.relrowsecurity
-                    AND NOT (me.rolsuper OR me.rolbypassrls)
-                    AND (c.relforcerowsecurity OR NOT pg_has_role(c.relowner, 'USAGE'))
-                  ORDER BY 1 LIMIT 1"
-            ),
-            &[&tables],
-        )?
-        .first()
-    {
-        let table: String = r.get(0);
-        return Ok(Some(format!(
-            "row-level security on {table} applies to this connection's role: its reads \
+        ),
+        _ => format!(
+            "row-level security on {name} applies to this connection's role: its reads \
              would miss rows, and a verify would certify them gone. Connect as a role with \
              BYPASSRLS (or the table's owner, if the policy is not forced)"
-        )));
-    }
-    Ok(None)
+        ),
+    }))
 }
+
+/// [`hidden_effects`]' checks. `$1`: the tables; `$2`, `$3`: the (child, parent) pairs of the
+/// target's own cascades. `tree` is the tables and every partition or inheritance child below
+/// them: a DELETE on a parent deletes there too, and runs their triggers and their foreign
+/// keys' actions (review, 2026-12-04). Each arm yields its first finding (kind, name, table,
+/// parent); the statement, the first arm's.
+const HIDDEN_EFFECTS: &str = "
+WITH RECURSIVE tree(oid) AS (
+        SELECT to_regclass(t)::oid FROM unnest($1::text[]) AS t WHERE to_regclass(t) IS NOT NULL
+        UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid),
+    found AS (
+        -- A view (or a foreign table) deletes from tables its definition names, whose
+        -- cascades and triggers these checks cannot see: only plain and partitioned tables.
+        (SELECT 1 AS kind, to_regclass(t)::text AS name, NULL::text AS tbl, NULL::text AS parent
+           FROM unnest($1::text[]) AS t JOIN pg_class c ON c.oid = to_regclass(t)
+          WHERE c.relkind NOT IN ('r', 'p') ORDER BY 2 LIMIT 1)
+        UNION ALL
+        -- A foreign key that changes another table's rows on delete (not one of the target's own).
+        (SELECT 2, con.conname::text, con.conrelid::regclass::text, con.confrelid::regclass::text
+           FROM pg_constraint con
+          WHERE con.contype = 'f' AND con.confdeltype IN ('c', 'n', 'd')
+            AND con.confrelid IN (SELECT oid FROM tree)
+            AND NOT EXISTS (SELECT 1 FROM unnest($2::text[], $3::text[]) AS o(ch, pa)
+                             WHERE to_regclass(o.ch) = con.conrelid AND to_regclass(o.pa) = con.confrelid)
+          ORDER BY con.conname LIMIT 1)
+        UNION ALL
+        -- A DELETE trigger.
+        (SELECT 3, t.tgname::text, t.tgrelid::regclass::text, NULL
+           FROM pg_trigger t
+          WHERE NOT t.tgisinternal AND t.tgenabled <> 'D' AND (t.tgtype & 8) <> 0
+            AND t.tgrelid IN (SELECT oid FROM tree)
+          ORDER BY t.tgname LIMIT 1)
+        UNION ALL
+        -- A DELETE rule.
+        (SELECT 4, r.rulename::text, r.ev_class::regclass::text, NULL
+           FROM pg_rewrite r
+          WHERE r.ev_type = '4' AND r.ev_class IN (SELECT oid FROM tree)
+          ORDER BY r.rulename LIMIT 1)
+        UNION ALL
+        -- Row-level security that applies to this connection's role.
+        (SELECT 5, c.oid::regclass::text, NULL, NULL
+           FROM pg_class c, pg_roles me
+          WHERE me.rolname = current_user AND c.oid IN (SELECT oid FROM tree) AND c.relrowsecurity
+            AND NOT (me.rolsuper OR me.rolbypassrls)
+            AND (c.relforcerowsecurity OR NOT pg_has_role(c.relowner, 'USAGE'))
+          ORDER BY 2 LIMIT 1))
+SELECT kind, name, tbl, parent FROM found ORDER BY kind LIMIT 1";
 
 #[cfg(test)]
 mod tests {

@@ -105,6 +105,18 @@ fn installed_sql() -> &'static str {
     "SELECT to_regnamespace('lethe_guard') IS NOT NULL"
 }
 
+/// Whether the last row of a simple query's replies holds `true` in its first column.
+fn last_row_is_true(replies: &[postgres::SimpleQueryMessage]) -> bool {
+    replies
+        .iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => Some(r.get(0) == Some("t")),
+            _ => None,
+        })
+        .last()
+        .unwrap_or(false)
+}
+
 impl PgGuard {
     pub(crate) fn new(
         target: &str,
@@ -185,9 +197,15 @@ impl PgGuard {
     ) -> Result<Option<T>, AdapterError> {
         self.conn.with(|c| {
             let mut tx = c.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])?;
-            let installed: bool = tx.query_one(installed_sql(), &[])?.get(0);
-            if !installed {
+            // One round trip for both (the lock's key is a constant): a job runs this about
+            // eight times, most often against a database with no guard. Two statements, so
+            // that the second reads the catalog with a snapshot taken after the lock, as
+            // before: an install committed while we waited for the lock is seen.
+            let replies = tx.simple_query(&format!(
+                "SELECT pg_advisory_xact_lock({LOCK}); {}",
+                installed_sql()
+            ))?;
+            if !last_row_is_true(&replies) {
                 return Ok(None);
             }
             let out = f(&mut tx)?;
