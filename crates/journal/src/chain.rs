@@ -58,16 +58,17 @@ pub(crate) fn db(e: String) -> JournalError {
 
 /// Appends `entry` inside `tx` (which holds the write lock). Returns its sequence number.
 pub(crate) fn append(tx: &mut dyn Tx, at: &str, job: Option<&str>, entry: &Entry) -> Result<i64> {
-    let head = tx
-        .row(
-            "SELECT seq, hash FROM journal ORDER BY seq DESC LIMIT 1",
-            &[],
-        )
-        .map_err(db)?;
-    let (prev_seq, prev_hash) = match head {
-        Some(r) => (r[0].i().unwrap_or(0), r[1].text()),
-        None => (0, GENESIS.to_string()),
+    let head = match tx.head() {
+        Some(known) => known,
+        None => tx
+            .row(
+                "SELECT seq, hash FROM journal ORDER BY seq DESC LIMIT 1",
+                &[],
+            )
+            .map_err(db)?
+            .map(|r| (r[0].i().unwrap_or(0), r[1].text())),
     };
+    let (prev_seq, prev_hash) = head.unwrap_or_else(|| (0, GENESIS.to_string()));
     let seq = prev_seq + 1;
     let kind = entry.kind();
     let body = serde_json::to_string(entry).map_err(|e| JournalError::Corrupt(e.to_string()))?;
@@ -104,6 +105,7 @@ pub(crate) fn append(tx: &mut dyn Tx, at: &str, job: Option<&str>, entry: &Entry
         )
         .map_err(db)?;
     }
+    tx.set_head(seq, &hash);
     Ok(seq)
 }
 

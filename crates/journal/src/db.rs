@@ -95,6 +95,14 @@ pub(crate) trait Tx {
     fn is_postgres(&self) -> bool {
         false
     }
+    /// The journal's head (`seq`, `hash`; `Some(None)`: no entry yet) if this transaction
+    /// read it when it began and nothing has been appended since without telling it; `None`:
+    /// not known here, read it.
+    fn head(&mut self) -> Option<Option<(i64, String)>> {
+        None
+    }
+    /// Tells the transaction the head it has just appended.
+    fn set_head(&mut self, _seq: i64, _hash: &str) {}
     /// Inserts a target's frozen locators (unique, as an inventory's are) into `inventory`.
     /// Multi-row `INSERT`s here; PostgreSQL overrides it with one row of two arrays in
     /// `inventory_parts`.
@@ -260,6 +268,8 @@ impl Tx for SqliteTx<'_> {
 pub(crate) struct PgTx<'a, C: postgres::GenericClient> {
     pub(crate) client: &'a mut C,
     pub(crate) prepared: &'a mut Prepared,
+    /// See [`Tx::head`]: read with the write lock, in the same round trip.
+    pub(crate) head: Option<Option<(i64, String)>>,
 }
 
 /// A connection's prepared statements, by their SQL text. The journal's statements are a fixed
@@ -311,6 +321,14 @@ pub(crate) fn pg_err(e: postgres::Error) -> String {
 impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
     fn is_postgres(&self) -> bool {
         true
+    }
+
+    fn head(&mut self) -> Option<Option<(i64, String)>> {
+        self.head.clone()
+    }
+
+    fn set_head(&mut self, seq: i64, hash: &str) {
+        self.head = Some(Some((seq, hash.to_string())));
     }
 
     fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String> {

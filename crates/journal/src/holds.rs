@@ -44,7 +44,7 @@ impl Journal {
         reason: Option<&str>,
         scope_hash: &str,
     ) -> Result<()> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             tx.exec(
                 "INSERT INTO holds (hold_id, tenant, subject, reason, created_at) VALUES ($1, $2, $3, $4, $5)",
                 &[hold_id.into(), tenant.as_str().into(), subject.map(|s| s.as_str()).into(), reason.into(), at.into()],
@@ -62,7 +62,7 @@ impl Journal {
         tenant: &Tenant,
         subject: Option<&Subject>,
     ) -> Result<Vec<String>> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             let ids: Vec<String> = tx
                 .rows(
                     "UPDATE holds SET released_at = $3 WHERE released_at IS NULL AND tenant = $1

@@ -246,7 +246,7 @@ impl Journal {
     /// `false`. One transaction under the write lock, so two operators asking at once, from two
     /// processes, get one job.
     pub fn create_job(&self, new: &NewJob) -> Result<(JobRecord, bool)> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             let open = tx
                 .row(
                     "SELECT job_id FROM jobs WHERE scope_hash = $1 AND state <> 'COMPLETE' ORDER BY requested_at LIMIT 1",
@@ -393,7 +393,7 @@ impl Journal {
     /// Records an entry for a job; a transition entry moves the job through
     /// [`lethe_core::state::transition`] in the same transaction.
     pub fn record(&self, at: &str, job_id: &str, entry: &Entry) -> Result<JobState> {
-        self.write(|tx| apply(tx, at, job_id, entry))
+        self.write_entry(|tx| apply(tx, at, job_id, entry))
     }
 
     /// One job.
@@ -495,7 +495,7 @@ impl Journal {
         digest_key: &[u8; 32],
         place: &str,
     ) -> Result<()> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             let done = tx
                 .row(
                     "SELECT inventoried FROM target_progress WHERE job_id = $1 AND target = $2",
@@ -536,7 +536,7 @@ impl Journal {
         locators: &[Locator],
         digest_key: &[u8; 32],
     ) -> Result<u64> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             tx.add_locators(job_id, target, locators).map_err(db)?;
             let count: u64 = locators.iter().map(|(_, n)| n).sum();
             tx.exec(
@@ -594,7 +594,7 @@ impl Journal {
         erased: Option<u64>,
         residue: Option<u64>,
     ) -> Result<JobState> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             let state = apply(tx, at, job_id, entry)?;
             put_progress(tx, job_id, target, erased, residue)?;
             Ok(state)
@@ -660,7 +660,7 @@ impl Journal {
     }
 
     fn complete_tx(&self, at: &str, job_id: &str, certificate: &serde_json::Value) -> Result<()> {
-        self.write(|tx| {
+        self.write_entry(|tx| {
             apply(tx, at, job_id, &Entry::VerifiedClean)?;
             let canonical = lethe_core::certificate::canonical_json(certificate);
             let digest = hex::encode(Sha256::digest(canonical.as_bytes()));

@@ -568,6 +568,17 @@ impl Journal {
     /// Runs `f` in one write transaction that holds the store's write lock from its start, so
     /// the reads inside see the state the writes apply to (no check-then-act across processes).
     pub(crate) fn write<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write_tx(false, f)
+    }
+
+    /// [`Journal::write`] for a transaction that appends a journal entry: on PostgreSQL the
+    /// journal's head is read with the write lock, in the same round trip (a job appends about
+    /// fifteen entries, each a transaction of its own).
+    pub(crate) fn write_entry<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        self.write_tx(true, f)
+    }
+
+    fn write_tx<T>(&self, with_head: bool, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
         match &self.backend {
             Backend::Sqlite { conn, writers, .. } => {
                 let _writer = lock(writers);
@@ -585,12 +596,25 @@ impl Journal {
                 // takes both statements in one message; the key is a constant). A journal
                 // entry is a handful of round trips, so this one is felt (bench/README.md).
                 let mut tx = OpenTx(Some(&mut *client));
-                tx.client()
-                    .batch_execute(PG_BEGIN_WRITE)
-                    .map_err(|e| self.db(db::pg_err(e)))?;
+                // And the journal's head, read after the lock (its own statement, so with a
+                // snapshot taken once the lock is held): most writes append an entry, which
+                // needs it.
+                let head = if with_head {
+                    let replies = tx
+                        .client()
+                        .simple_query(PG_BEGIN_WRITE_HEAD)
+                        .map_err(|e| self.db(db::pg_err(e)))?;
+                    Some(pg_head(&replies).map_err(|e| self.db(e))?)
+                } else {
+                    tx.client()
+                        .batch_execute(PG_BEGIN_WRITE)
+                        .map_err(|e| self.db(db::pg_err(e)))?;
+                    None
+                };
                 let out = f(&mut PgTx {
                     client: tx.client(),
                     prepared: &mut prepared,
+                    head,
                 })?;
                 tx.commit().map_err(|e| self.db(db::pg_err(e)))?;
                 Ok(out)
@@ -635,6 +659,7 @@ impl Journal {
                 f(&mut PgTx {
                     client: &mut *client,
                     prepared: &mut prepared,
+                    head: None,
                 })
             }
         }
@@ -766,9 +791,38 @@ fn file_lock(path: &Path) -> Arc<Mutex<()>> {
 
 /// Starts a write transaction on PostgreSQL: `BEGIN`, then the write lock ([`PG_WRITE_LOCK`]).
 const PG_BEGIN_WRITE: &str = "START TRANSACTION; SELECT pg_advisory_xact_lock(465558595685)";
+
+/// [`PG_BEGIN_WRITE`], then the journal's head (as `chain::append` reads it).
+const PG_BEGIN_WRITE_HEAD: &str = "START TRANSACTION; SELECT pg_advisory_xact_lock(465558595685); \
+     SELECT seq, hash FROM journal ORDER BY seq DESC LIMIT 1";
+
 const _: () = assert!(PG_WRITE_LOCK == 465558595685);
 
-/// A write transaction opened by [`PG_BEGIN_WRITE`]: rolled back when dropped uncommitted (an
+/// The head from [`PG_BEGIN_WRITE_HEAD`]'s replies: the row of its third statement, if any.
+fn pg_head(
+    replies: &[postgres::SimpleQueryMessage],
+) -> std::result::Result<Option<(i64, String)>, String> {
+    use postgres::SimpleQueryMessage as M;
+    // Each statement ends with a CommandComplete; the head's rows come after the second.
+    let mut done = 0;
+    for m in replies {
+        match m {
+            M::CommandComplete(_) => done += 1,
+            M::Row(r) if done == 2 => {
+                let seq = r.get(0).and_then(|v| v.parse::<i64>().ok());
+                let hash = r.get(1);
+                return match (seq, hash) {
+                    (Some(seq), Some(hash)) => Ok(Some((seq, hash.to_string()))),
+                    _ => Err("the journal's head row is malformed".into()),
+                };
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// A write transaction opened by [`PG_BEGIN_WRITE`] (or [`PG_BEGIN_WRITE_HEAD`]): rolled back when dropped uncommitted (an
 /// error, or a panic), as `postgres::Transaction` would be.
 struct OpenTx<'a>(Option<&'a mut postgres::Client>);
 
