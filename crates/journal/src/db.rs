@@ -276,10 +276,33 @@ pub(crate) struct PgTx<'a, C: postgres::GenericClient> {
 /// set (identifiers and values are always parameters), so this stays small; the bound is a
 /// guard only.
 #[derive(Default)]
-pub(crate) struct Prepared(std::collections::HashMap<String, postgres::Statement>);
+pub(crate) struct Prepared(
+    std::collections::HashMap<String, postgres::Statement>,
+    /// Statements run once, unprepared (see [`Prepared::again`]).
+    std::collections::HashSet<String>,
+);
 
 impl Prepared {
     const MAX: usize = 512;
+
+    /// The statement prepared, from its second run on this connection; `None` on its first,
+    /// which is run unprepared with its parameters' types given (one round trip instead of
+    /// two). A `lethe erase` process runs most of its statements once; `lethe serve` runs the
+    /// gate's thousands of times.
+    pub(crate) fn again<C: postgres::GenericClient>(
+        &mut self,
+        client: &mut C,
+        sql: &str,
+    ) -> Result<Option<postgres::Statement>, postgres::Error> {
+        if !self.0.contains_key(sql) && !self.1.contains(sql) {
+            if self.1.len() >= Self::MAX {
+                self.1.clear();
+            }
+            self.1.insert(sql.to_string());
+            return Ok(None);
+        }
+        self.get(client, sql).map(Some)
+    }
 
     pub(crate) fn get<C: postgres::GenericClient>(
         &mut self,
@@ -296,6 +319,29 @@ impl Prepared {
         self.0.insert(sql.to_string(), s.clone());
         Ok(s)
     }
+}
+
+/// The parameters with their types, for a statement run unprepared: the types a prepared
+/// statement's would have to be for these values to bind at all (`i64` binds only to `int8`).
+fn pg_typed<'a>(
+    params: &[V],
+    boxed: &'a [Box<dyn postgres::types::ToSql + Sync>],
+) -> Vec<(
+    &'a (dyn postgres::types::ToSql + Sync),
+    postgres::types::Type,
+)> {
+    use postgres::types::Type;
+    params
+        .iter()
+        .zip(boxed)
+        .map(|(v, b)| {
+            let t = match v {
+                V::I(_) | V::NullI => Type::INT8,
+                V::T(_) | V::NullT => Type::TEXT,
+            };
+            (b.as_ref(), t)
+        })
+        .collect()
 }
 
 fn pg_params(params: &[V]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
@@ -333,10 +379,15 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
 
     fn exec(&mut self, sql: &str, params: &[V]) -> Result<u64, String> {
         let p = pg_params(params);
-        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-            p.iter().map(|b| b.as_ref()).collect();
-        let stmt = self.prepared.get(self.client, sql).map_err(pg_err)?;
-        self.client.execute(&stmt, &refs).map_err(pg_err)
+        match self.prepared.again(self.client, sql).map_err(pg_err)? {
+            Some(stmt) => {
+                let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    p.iter().map(|b| b.as_ref()).collect();
+                self.client.execute(&stmt, &refs)
+            }
+            None => self.client.execute_typed(sql, &pg_typed(params, &p)),
+        }
+        .map_err(pg_err)
     }
 
     /// One row whatever the inventory's size: the locators and their rows as two arrays in
@@ -424,10 +475,15 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
     fn rows(&mut self, sql: &str, params: &[V]) -> Result<Vec<Row>, String> {
         use postgres::types::Type;
         let p = pg_params(params);
-        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
-            p.iter().map(|b| b.as_ref()).collect();
-        let stmt = self.prepared.get(self.client, sql).map_err(pg_err)?;
-        let rows = self.client.query(&stmt, &refs).map_err(pg_err)?;
+        let rows = match self.prepared.again(self.client, sql).map_err(pg_err)? {
+            Some(stmt) => {
+                let refs: Vec<&(dyn postgres::types::ToSql + Sync)> =
+                    p.iter().map(|b| b.as_ref()).collect();
+                self.client.query(&stmt, &refs)
+            }
+            None => self.client.query_typed(sql, &pg_typed(params, &p)),
+        }
+        .map_err(pg_err)?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let mut row = Vec::with_capacity(r.len());
@@ -461,5 +517,54 @@ mod tests {
             to_sqlite("SELECT $1, '$2', $10 WHERE x = '$'"),
             "SELECT ?1, '$2', ?10 WHERE x = '$'"
         );
+    }
+
+    /// A statement's first run on a connection is unprepared (one round trip), its second and
+    /// later runs prepared once and reused; both bind the same values to the same result.
+    #[test]
+    fn a_statement_is_prepared_from_its_second_run() {
+        let url = std::env::var("LETHE_PG15_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("PostgreSQL 15");
+        let mut prepared = Prepared::default();
+        let count = |c: &mut postgres::Client| -> i64 {
+            // A simple query: not itself a prepared statement.
+            let msgs = c
+                .simple_query("SELECT count(*) FROM pg_prepared_statements")
+                .unwrap();
+            match &msgs[1] {
+                postgres::SimpleQueryMessage::Row(r) => r.get(0).unwrap().parse().unwrap(),
+                other => panic!("no row: {other:?}"),
+            }
+        };
+        let sql = "SELECT $1::bigint + 1, $2::text || 'x', $3::text IS NULL";
+        let params = [V::I(41), V::T("a".into()), V::NullT];
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let rows = PgTx {
+                client: &mut client,
+                prepared: &mut prepared,
+                head: None,
+            }
+            .rows(sql, &params)
+            .unwrap();
+            runs.push((format!("{rows:?}"), count(&mut client)));
+        }
+        let expected = format!("{:?}", vec![vec![V::I(42), V::T("ax".into()), V::I(1)]]);
+        assert_eq!(
+            runs,
+            vec![(expected.clone(), 0), (expected.clone(), 1), (expected, 1)]
+        );
+        let n = PgTx {
+            client: &mut client,
+            prepared: &mut prepared,
+            head: None,
+        }
+        .exec(
+            "SELECT $1::bigint WHERE $2::text IS NOT NULL",
+            &[V::I(1), V::T("y".into())],
+        )
+        .unwrap();
+        assert_eq!((n, count(&mut client)), (1, 1));
     }
 }
