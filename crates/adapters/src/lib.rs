@@ -118,6 +118,16 @@ pub enum AdapterError {
         /// Rows the delete found.
         found: u64,
     },
+    /// The store refused a write because it is read-only (the file, the database, a replica,
+    /// the user's grants): not worth retrying as it is, but an operator who makes it writable
+    /// resumes the job.
+    #[error("target {target} is read-only: {why}; make it writable (the file's mode, the database's or the server's read-only setting), then resume the job")]
+    ReadOnly {
+        /// Target name.
+        target: String,
+        /// The driver's message.
+        why: String,
+    },
     /// The store is not what the adapter expects (missing table, wrong schema): retrying will
     /// not help.
     #[error("target {target}: {why}")]
@@ -140,6 +150,7 @@ impl AdapterError {
         match self {
             AdapterError::Inexpressible { .. } => "inexpressible",
             AdapterError::Unavailable { .. } => "unavailable",
+            AdapterError::ReadOnly { .. } => "read_only",
             AdapterError::AnomalousVolume { .. } => "anomalous_volume",
             AdapterError::Failed { .. } => "failed",
         }

@@ -133,6 +133,13 @@ impl Conn {
             Some(_) => lethe_postgres::describe(&e),
             None => format!("{} at {:?}", lethe_postgres::describe(&e), self.config),
         };
+        // 25006 read_only_sql_transaction: a standby, or default_transaction_read_only.
+        if e.code().is_some_and(|c| c.code() == "25006") {
+            return AdapterError::ReadOnly {
+                target: self.target.clone(),
+                why,
+            };
+        }
         if retryable {
             AdapterError::Unavailable {
                 target: self.target.clone(),

@@ -125,10 +125,15 @@ pub(crate) fn delete_trigger_refusal(
     }
 }
 
-/// Maps a driver error: busy and locked are worth retrying, the rest is not.
+/// Maps a driver error: busy and locked are worth retrying, a read-only file is the operator's
+/// to make writable, the rest is not worth retrying.
 pub(crate) fn db(target: &str, e: rusqlite::Error) -> AdapterError {
-    use rusqlite::ErrorCode::{CannotOpen, DatabaseBusy, DatabaseLocked};
+    use rusqlite::ErrorCode::{CannotOpen, DatabaseBusy, DatabaseLocked, ReadOnly};
     match e.sqlite_error_code() {
+        Some(ReadOnly) => AdapterError::ReadOnly {
+            target: target.to_string(),
+            why: e.to_string(),
+        },
         Some(DatabaseBusy | DatabaseLocked | CannotOpen) => AdapterError::Unavailable {
             target: target.to_string(),
             why: e.to_string(),

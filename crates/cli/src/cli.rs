@@ -190,20 +190,20 @@ fn read_scope_file(file: &Path) -> Result<ScopeIds, Exit> {
             MAX_SCOPE_FILE / 1024
         )));
     }
-    let mut ids: ScopeIds = serde_json::from_slice(&bytes).map_err(|e| {
-        // A key the file made up is never named, however field-like (review: `{"acme":
-        // "u42"}` named `acme`): the file has four keys, and a wrong one may be an identifier.
-        let why = if e.to_string().starts_with("unknown field") {
-            "a key other than tenant, subject, memory and version (not shown)".to_string()
-        } else {
-            lethe_core::redact_quoted(&e.to_string())
-        };
-        bad(format!(
-            "the --scope-file ({shown}) is not a scope: {why}; write one JSON object, as \
-             {{\"tenant\": \"acme\", \"subject\": \"u-42\"}} (with \"memory\" and \
-             \"version\" for one memory)"
-        ))
-    })?;
+    // One JSON object, never an array: serde reads a struct from an array of its fields in
+    // order, and `["acme","bob",null,null]` from another tool's export would name a person by
+    // position (lethe_core::Object). A key the file made up is never named: it may be an
+    // identifier.
+    let mut ids: ScopeIds = serde_json::from_slice::<lethe_core::Object<ScopeIds>>(&bytes)
+        .map(lethe_core::Object::into_inner)
+        .map_err(|e| {
+            bad(format!(
+                "the --scope-file ({shown}) is not a scope: {}; write one JSON object, as \
+                 {{\"tenant\": \"acme\", \"subject\": \"u-42\"}} (with \"memory\" and \
+                 \"version\" for one memory)",
+                lethe_core::redact_quoted(&e.to_string())
+            ))
+        })?;
     ids.origin = Origin::File;
     Ok(ids)
 }

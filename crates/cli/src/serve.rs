@@ -44,10 +44,12 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             }
         }
         let token = text.trim().to_string();
-        if token.len() < MIN_TOKEN_LEN || token.chars().any(|c| c.is_whitespace() || c.is_control())
-        {
+        // Visible ASCII only: a header value is bytes, and a client sends a non-ASCII token in
+        // whatever encoding it likes, so such a token would start a server no one can use.
+        if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(bad(format!(
-                "serve.token_file {shown}: a token must be one line of at least {MIN_TOKEN_LEN} visible characters"
+                "serve.token_file {shown}: a token must be one line of at least {MIN_TOKEN_LEN} \
+                 visible ASCII characters (no spaces, no accented letters)"
             )));
         }
         if !seen.insert(token.clone()) {
@@ -60,11 +62,8 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
     // A journal URL the server refuses as configured (no such database, a role it does not
     // know) is the configuration's error, as for every other command (review).
     let open = || {
-        Journal::open_url(&cfg.journal, &cfg.base).map_err(|e| match e {
-            lethe_journal::JournalError::BadUrl(_)
-            | lethe_journal::JournalError::UnsupportedUrl(_) => Exit(2, e.into()),
-            e => Exit(1, e.into()),
-        })
+        Journal::open_url(&cfg.journal, &cfg.base)
+            .map_err(|e| Exit::from(lethe_engine::EngineError::from(e)))
     };
     let journals = (0..cfg.serve.pool)
         .map(|_| open())
@@ -92,6 +91,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             None
         };
     let listen = listen.unwrap_or_else(|| cfg.serve.listen.clone());
+    let allow_plain_http = cfg.serve.allow_plain_http;
     let engine = Arc::new(Engine::open(cfg, Arc::new(SystemClock))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -102,6 +102,18 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             .await
             .map_err(|e| bad(format!("cannot listen on {listen}: {e}")))?;
         let addr = listener.local_addr().map_err(|e| Exit(1, e.into()))?;
+        // Plain HTTP off the machine sends every bearer token readable across the network.
+        if !addr.ip().is_loopback() {
+            if !allow_plain_http {
+                return Err(bad(format!(
+                    "refusing to listen on {addr} over plain HTTP: bearer tokens are passwords, \
+                     and every request would carry one readable across the network. Listen on \
+                     a loopback address (127.0.0.1:7400) behind a TLS proxy, or set \
+                     allow_plain_http = true in [serve] for a network you trust"
+                )));
+            }
+            tracing::warn!(%addr, "Listening on a non-loopback address over plain HTTP (allow_plain_http = true): bearer tokens cross the network readable.");
+        }
         outln!("Listening on http://{addr}");
         let _ = std::io::stdout().flush();
         let server = lethe_server::Server {

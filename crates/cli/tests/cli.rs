@@ -667,12 +667,14 @@ fn bad_config_exits_2_and_says_what_to_fix() {
     let base = CONFIG.replace("BATCH", "500");
     let cases = [
         (
+            // A key the file made up is not repeated (one rule with the scope file and the
+            // server: it may be a name); its line and the keys the table has are.
             base.replace("policy_version", "policy_versoin"),
-            "policy_versoin",
+            "line 5, column 1: unknown field `…`, expected one of `journal`",
         ),
         (
             base.replace("namespace = [", "namespaces = ["),
-            "namespaces",
+            "target memories (langgraph-sqlite-store): unknown field `…`, expected one of `path`",
         ),
         (
             base.replace(
@@ -3572,4 +3574,226 @@ fn offline_certificate_verify_without_a_config_points_to_public_key() {
     let cert: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
     let out = verify(&["--public-key", cert["signed_by"].as_str().unwrap()]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+/// A scope file is one JSON object with named fields, for every command that reads one: an
+/// array (serde would read the fields in order, so `["acme","alice",null,null]` named alice),
+/// a string, a number, `null`, a nested object, an unknown, missing or repeated key are all
+/// refused with exit 2, naming nothing of the file, and nothing is touched: no memory file
+/// changes, no job and no hold is made. A certificate is not checked against such a file.
+#[test]
+fn a_scope_file_that_is_not_one_object_is_refused_by_every_command_and_touches_nothing() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    let before = env.memory_bytes();
+    let file = env.path().join("scope.json");
+    let f = file.to_str().unwrap();
+    let shapes = [
+        r#"["acme", "alice", null, null]"#,
+        r#"["acme", "alice"]"#,
+        r#"[{"tenant": "acme", "subject": "alice"}]"#,
+        r#""acme/alice""#,
+        "42",
+        "null",
+        "true",
+        r#"{"tenant": {"tenant": "acme"}, "subject": "alice"}"#,
+        r#"{"tenant": "acme", "subject": ["alice"]}"#,
+        r#"{"tenant": "acme", "subject": {"id": "alice"}}"#,
+        r#"{"tenant": "acme", "subject": "alice", "alice": 1}"#,
+        r#"{"subject": "alice"}"#,
+        r#"{}"#,
+        r#"{"tenant": "acme", "subject": "bob", "subject": "alice"}"#,
+    ];
+    let commands: [&[&str]; 6] = [
+        &["inventory"],
+        &["verify"],
+        &["erase", "--basis", "gdpr-art17", "--ticket", "T"],
+        &["hold", "add"],
+        &["hold", "release"],
+        &["certificate", "verify", "no-such-certificate.json"],
+    ];
+    for shape in shapes {
+        std::fs::write(&file, shape).unwrap();
+        for cmd in commands {
+            let out = env.run(&[cmd, &["--scope-file", f]].concat());
+            assert_eq!(code(&out), 2, "{cmd:?} {shape}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains("not a scope"), "{cmd:?} {shape}: {err}");
+            assert!(
+                !err.contains("alice") && !err.contains("bob"),
+                "{cmd:?} {shape}: {err}"
+            );
+        }
+    }
+    assert!(
+        !env.path().join("lethe-journal.db").exists(),
+        "no journal, so no job and no hold, was made"
+    );
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    // Checked against a real certificate: an array naming its scope in order does not verify it.
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    let job = out["job_id"].as_str().unwrap();
+    let cert = env.path().join(format!("certificates/{job}.json"));
+    std::fs::write(&file, r#"["acme", "alice", null, null]"#).unwrap();
+    let out = env.run(&[
+        "certificate",
+        "verify",
+        cert.to_str().unwrap(),
+        "--scope-file",
+        f,
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    std::fs::write(&file, r#"{"tenant": "acme", "subject": "alice"}"#).unwrap();
+    let out = env.run(&[
+        "certificate",
+        "verify",
+        cert.to_str().unwrap(),
+        "--scope-file",
+        f,
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept every row"
+    );
+}
+
+/// A config's nested table is read from a table only: `metadata = ["user_id", "tenant_id"]`
+/// would name the tenant's key by position (here swapped with the subject's). Exit 2, the
+/// target named, nothing touched.
+#[test]
+fn a_config_table_given_as_an_array_is_refused() {
+    for (from, to) in [
+        (
+            r#"metadata = { tenant = "tenant_id", subject = "user_id" }"#,
+            r#"metadata = ["user_id", "tenant_id"]"#,
+        ),
+        (
+            r#"registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }"#,
+            r#"registry = ["memory/app.db", "thread_registry", "user_id", "tenant_id", "thread_id"]"#,
+        ),
+    ] {
+        let env = Env::with_config(&CONFIG.replace("BATCH", "500").replace(from, to));
+        let before = env.memory_bytes();
+        let out = env.run(&["inventory", "--tenant", "acme", "--subject", "alice"]);
+        assert_eq!(code(&out), 2, "{to}: {}", stderr(&out));
+        says(&out, "an object with named fields");
+        says(&out, "checkpoints");
+        assert_eq!(env.memory_bytes(), before);
+    }
+}
+
+/// A job does not start on a journal whose chain does not verify: after an entry of an earlier
+/// job is edited, `erase` refuses (exit 1), names `lethe journal verify`, and touches nothing:
+/// no memory file changes and no job is added. A clean journal runs as before.
+#[test]
+fn a_job_does_not_start_on_a_broken_journal() {
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&ERASE_ALICE)), 0);
+    let others = env.others_rows();
+    let before = env.memory_bytes();
+    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    c.execute(
+        "UPDATE journal SET body = replace(body, 'DSR-1', 'DSR-2') WHERE kind = 'job_requested'",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let erase_bob = [
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "bob",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "DSR-2",
+    ];
+    let out = env.run(&erase_bob);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    says(&out, "hash chain is broken");
+    says(&out, "lethe journal verify");
+    assert_eq!(env.memory_bytes(), before, "no memory file changed");
+    assert_eq!(env.others_rows(), others);
+    let (_, jobs) = env.json(&["jobs", "--json"]);
+    assert_eq!(jobs.as_array().unwrap().len(), 1, "no job was added");
+    // A journal that verifies runs jobs, each checking only the entries since the last check.
+    let env = Env::new(500);
+    assert_eq!(code(&env.run(&ERASE_ALICE)), 0);
+    assert_eq!(code(&env.run(&erase_bob)), 0);
+    assert_eq!(code(&env.run(&["journal", "verify"])), 0);
+}
+
+/// I/O faults have an exit code of their own (5), apart from residue (1) and bad input (2): a
+/// folder given as the journal file, for any command that opens the journal.
+#[test]
+fn a_folder_given_as_the_journal_exits_5_and_touches_nothing() {
+    let env = Env::with_config(
+        &CONFIG
+            .replace("BATCH", "500")
+            .replace("sqlite:lethe-journal.db", "sqlite:journal-folder"),
+    );
+    std::fs::create_dir(env.path().join("journal-folder")).unwrap();
+    let before = env.memory_bytes();
+    for args in [&ERASE_ALICE[..9], &["jobs"], &["journal", "verify"]] {
+        let out = env.run(args);
+        assert_eq!(code(&out), 5, "{args:?}: {}", stderr(&out));
+        says(&out, "an I/O fault");
+    }
+    assert_eq!(env.memory_bytes(), before);
+}
+
+/// A store that refuses writes (here a SQLite file whose header marks it read-only, which binds
+/// root too) blocks the job as `target_read_only`, a reason that says what to do; once the file
+/// is writable again, `resume` completes the job.
+#[test]
+fn a_read_only_store_blocks_the_job_as_read_only_and_resume_completes_it() {
+    let env = Env::new(500);
+    let others = env.others_rows();
+    let inv = env.inventory("acme", "alice");
+    let store = env.path().join("memory/store.db");
+    let set_write_version = |v: u8| {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&store)
+            .unwrap();
+        f.seek(SeekFrom::Start(18)).unwrap();
+        f.write_all(&[v]).unwrap();
+    };
+    let original = std::fs::read(&store).unwrap()[18];
+    // A write version above 2: SQLite opens the file read-only (its file format, section 1.3).
+    set_write_version(3);
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 3, "{out}");
+    assert_eq!(out["blocked_reason"], "target_read_only");
+    assert_eq!(out["blocked_target"], "memories");
+    let job = out["job_id"].as_str().unwrap().to_string();
+    let out = env.run(&["job", "show", &job]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("target_read_only"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        env.inventory("acme", "alice")["memories"]["count"],
+        inv["memories"]["count"],
+        "nothing of the read-only store went"
+    );
+    set_write_version(original);
+    let (c, out) = env.json(&["resume", &job, "--json"]);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    assert_eq!(
+        out["certificate"]["targets"]["memories"]["count"],
+        inv["memories"]["count"]
+    );
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept every row"
+    );
 }

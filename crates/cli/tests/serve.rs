@@ -510,3 +510,53 @@ fn serve_and_an_in_process_gate_never_share_a_journal() {
     }
     let _ = admin.batch_execute("DROP DATABASE IF EXISTS lethe_serve_authority WITH (FORCE)");
 }
+
+/// A token no client can send as written (non-ASCII bytes) refuses to start, and so does a
+/// non-loopback address over plain HTTP unless `allow_plain_http = true`, which starts with a
+/// warning.
+#[test]
+fn serve_refuses_a_token_no_client_can_send_and_plain_http_off_the_machine() {
+    let dir = setup(CONFIG);
+    std::fs::write(
+        dir.path().join("runtime.token"),
+        "runtime-tökén-for-tests-01\n",
+    )
+    .unwrap();
+    let out = lethe(dir.path()).arg("serve").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("visible ASCII"), "{err}");
+    assert!(!err.contains("tökén"), "the token is not shown: {err}");
+
+    let plain = CONFIG.replace("127.0.0.1:0", "0.0.0.0:0");
+    let dir = setup(&plain);
+    let out = lethe(dir.path()).arg("serve").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("over plain HTTP") && err.contains("allow_plain_http = true"),
+        "{err}"
+    );
+    let dir = setup(&plain.replace("pool = 4", "pool = 4\nallow_plain_http = true"));
+    let mut child = lethe(dir.path())
+        .arg("serve")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("Listening on http://0.0.0.0:"), "{line}");
+    let mut warning = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut warning)
+        .unwrap();
+    assert!(
+        warning.contains("WARN") && warning.contains("over plain HTTP"),
+        "{warning}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

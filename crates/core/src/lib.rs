@@ -8,6 +8,7 @@
 //! - [`certificate`]: the signed completion proof.
 //! - [`clock`]: the injected source of time.
 //! - [`redact`]: parser messages without the values they quote.
+//! - [`object`]: structs read from user input only as objects with named fields.
 //!
 //! Start with [`state::transition`]; everything the engine does is driven by it.
 
@@ -16,12 +17,14 @@ pub mod certificate;
 pub mod clock;
 pub mod ident;
 pub mod keys;
+pub mod object;
 pub mod redact;
 pub mod scope;
 pub mod state;
 
 pub use basis::Basis;
 pub use ident::{IdentError, MemoryId, Subject, Tenant, Version};
+pub use object::Object;
 pub use redact::redact_quoted;
 pub use scope::{Scope, ScopeError, ScopeHash, ScopeKind};
 pub use state::{BlockedReason, Event, JobState};

@@ -83,6 +83,9 @@ pub enum BlockedReason {
     TargetUnavailable,
     /// A target failed with an error that retrying will not fix.
     TargetFailed,
+    /// A target refused a write: its file, database, server or user is read-only. Make it
+    /// writable, then resume.
+    TargetReadOnly,
 }
 
 impl BlockedReason {
@@ -94,6 +97,7 @@ impl BlockedReason {
             BlockedReason::Residue => "residue",
             BlockedReason::TargetUnavailable => "target_unavailable",
             BlockedReason::TargetFailed => "target_failed",
+            BlockedReason::TargetReadOnly => "target_read_only",
         }
     }
 }
@@ -140,13 +144,20 @@ pub fn transition(state: JobState, event: Event) -> Result<JobState, InvalidTran
     let next = match (state, event) {
         (S::Requested, E::FenceClosed) => S::Frozen,
         (S::Frozen, E::Drained) => S::Deleting,
-        (S::Frozen, E::Blocked(R::Undrained | R::TargetUnavailable | R::TargetFailed)) => {
-            S::Blocked
-        }
+        (
+            S::Frozen,
+            E::Blocked(R::Undrained | R::TargetUnavailable | R::TargetFailed | R::TargetReadOnly),
+        ) => S::Blocked,
         (S::Deleting, E::TargetsErased) => S::Verifying,
         (
             S::Deleting,
-            E::Blocked(R::AnomalousVolume | R::TargetUnavailable | R::TargetFailed | R::Undrained),
+            E::Blocked(
+                R::AnomalousVolume
+                | R::TargetUnavailable
+                | R::TargetFailed
+                | R::TargetReadOnly
+                | R::Undrained,
+            ),
         ) => S::Blocked,
         (S::Verifying, E::VerifiedClean) => S::Complete,
         (S::Verifying, E::Blocked(R::Residue | R::TargetUnavailable | R::TargetFailed)) => {
@@ -179,6 +190,7 @@ mod tests {
             R::Residue,
             R::TargetUnavailable,
             R::TargetFailed,
+            R::TargetReadOnly,
         ] {
             v.push(E::Blocked(r));
         }
@@ -195,10 +207,12 @@ mod tests {
                 (S::Frozen, E::Blocked(R::Undrained)) => S::Blocked,
                 (S::Frozen, E::Blocked(R::TargetUnavailable)) => S::Blocked,
                 (S::Frozen, E::Blocked(R::TargetFailed)) => S::Blocked,
+                (S::Frozen, E::Blocked(R::TargetReadOnly)) => S::Blocked,
                 (S::Deleting, E::TargetsErased) => S::Verifying,
                 (S::Deleting, E::Blocked(R::AnomalousVolume)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::TargetUnavailable)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::TargetFailed)) => S::Blocked,
+                (S::Deleting, E::Blocked(R::TargetReadOnly)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::Undrained)) => S::Blocked,
                 (S::Verifying, E::VerifiedClean) => S::Complete,
                 (S::Verifying, E::Blocked(R::Residue)) => S::Blocked,
@@ -221,7 +235,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(allowed, 15);
+        assert_eq!(allowed, 17);
     }
 
     #[test]

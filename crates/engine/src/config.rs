@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use lethe_adapters::Target;
+use lethe_core::Object;
 
 /// Why a config does not load. Each says what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -65,10 +66,10 @@ pub enum ConfigError {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
-    control: Option<RawControl>,
+    control: Option<Object<RawControl>>,
     #[serde(default)]
     target: Vec<toml::Table>,
-    serve: Option<RawServe>,
+    serve: Option<Object<RawServe>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -76,8 +77,9 @@ struct Raw {
 struct RawServe {
     listen: Option<String>,
     pool: Option<usize>,
+    allow_plain_http: Option<bool>,
     #[serde(default)]
-    token: Vec<RawToken>,
+    token: Vec<Object<RawToken>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -114,6 +116,9 @@ pub struct Serve {
     pub pool: usize,
     /// The bearer tokens.
     pub tokens: Vec<TokenSpec>,
+    /// Whether `lethe serve` may listen on an address other than loopback over plain HTTP,
+    /// where its bearer tokens cross the network readable. Off by default.
+    pub allow_plain_http: bool,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -248,7 +253,7 @@ impl Config {
             path: shown.into(),
             message: parse_message(text, &e),
         })?;
-        let c = raw.control.unwrap_or_default();
+        let c = raw.control.map(Object::into_inner).unwrap_or_default();
         let invalid = |message: String| ConfigError::Invalid {
             path: shown.into(),
             message,
@@ -316,11 +321,12 @@ impl Config {
         }
         check_files(&journal, base, &targets).map_err(invalid)?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
-        let serve = match raw.serve {
+        let serve = match raw.serve.map(Object::into_inner) {
             None => Serve {
                 listen: "127.0.0.1:7400".into(),
                 pool: 8,
                 tokens: Vec::new(),
+                allow_plain_http: false,
             },
             Some(s) => {
                 let pool = s.pool.unwrap_or(8);
@@ -328,7 +334,7 @@ impl Config {
                     return Err(invalid("serve.pool must be between 1 and 256".into()));
                 }
                 let mut tokens = Vec::new();
-                for t in s.token {
+                for Object(t) in s.token {
                     let role = match t.role.as_str() {
                         "runtime" => Role::Runtime,
                         "operator" => Role::Operator,
@@ -347,6 +353,7 @@ impl Config {
                     listen: s.listen.unwrap_or_else(|| "127.0.0.1:7400".into()),
                     pool,
                     tokens,
+                    allow_plain_http: s.allow_plain_http.unwrap_or(false),
                 }
             }
         };

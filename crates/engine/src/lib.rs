@@ -75,11 +75,17 @@ impl EngineError {
     /// The process exit code for this error.
     pub fn exit_code(&self) -> i32 {
         match self {
-            EngineError::Input(_) | EngineError::Key(_) => 2,
+            EngineError::Input(_)
+            | EngineError::Key(_)
+            | EngineError::Journal(lethe_journal::JournalError::BadUrl(_))
+            | EngineError::Journal(lethe_journal::JournalError::UnsupportedUrl(_)) => 2,
             EngineError::Held { .. } => 4,
             EngineError::Claimed(_)
             | EngineError::Journal(lethe_journal::JournalError::GateAuthority)
             | EngineError::Journal(lethe_journal::JournalError::GateAuthorityTaken) => 3,
+            EngineError::Journal(lethe_journal::JournalError::Io { .. })
+            | EngineError::CertificateFile { .. }
+            | EngineError::Io(_) => 5,
             _ => 1,
         }
     }
@@ -596,11 +602,18 @@ impl Engine {
         }
         // The certificate is written last, after the erasure: a folder it cannot go in is
         // found now, before anything is touched.
+        // A path that is no folder, or one Lethe may not write in, is the configuration's
+        // (exit 2); a disk that fails, is full or read-only is an I/O fault (exit 5).
         let unwritable = |e: std::io::Error| {
-            input(format!(
+            use std::io::ErrorKind::{AlreadyExists, NotADirectory, NotFound, PermissionDenied};
+            let shown = format!(
                 "control.certificates {} is not a folder Lethe can write in ({e})",
                 self.certificates.display()
-            ))
+            );
+            match e.kind() {
+                PermissionDenied | NotADirectory | AlreadyExists | NotFound => input(shown),
+                _ => EngineError::Io(std::io::Error::new(e.kind(), shown)),
+            }
         };
         std::fs::create_dir_all(&self.certificates).map_err(unwritable)?;
         let probe = self
@@ -621,6 +634,8 @@ impl Engine {
             .basis
             .deadline(now.date(), req.deadline, req.extension_reason.is_some())
             .map_err(input)?;
+        // No job is added to a journal whose chain does not verify.
+        self.journal.check_chain()?;
         let new = lethe_journal::jobs::NewJob {
             job_id: format!("del-{}", random_hex(6)?),
             scope_hash: self.scope_hash(&req.scope),

@@ -106,6 +106,7 @@ impl Engine {
     fn block_on(&self, job: &str, target: &str, e: AdapterError) -> Result<Step, EngineError> {
         let reason = match &e {
             AdapterError::AnomalousVolume { .. } => BlockedReason::AnomalousVolume,
+            AdapterError::ReadOnly { .. } => BlockedReason::TargetReadOnly,
             e if e.is_retryable() => BlockedReason::TargetUnavailable,
             _ => BlockedReason::TargetFailed,
         };
@@ -369,6 +370,9 @@ impl Engine {
     ) -> Result<Outcome, EngineError> {
         let job_id = claim.job_id.clone();
         let job_id = job_id.as_str();
+        // Nothing runs on a journal whose chain does not verify: its entries are the evidence
+        // the certificate is built from.
+        self.journal.check_chain()?;
         // A hold added while the job was interrupted (killed mid-erase, say) stops it too:
         // preservation wins over erasure in every state but COMPLETE, not only before the freeze.
         // A COMPLETE job touches no target (it only rewrites its certificate file), so where

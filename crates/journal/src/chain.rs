@@ -50,10 +50,7 @@ fn entry_hash(
 }
 
 pub(crate) fn db(e: String) -> JournalError {
-    JournalError::Db {
-        store: "(control database)".into(),
-        message: e,
-    }
+    JournalError::db("(control database)".into(), e)
 }
 
 /// Appends `entry` inside `tx` (which holds the write lock). Returns its sequence number.
@@ -118,6 +115,9 @@ pub struct ChainReport {
     pub jobs: u64,
     /// Problems, first one first. Empty means the chain is intact.
     pub problems: Vec<String>,
+    /// The last entry checked, `(seq, hash)`: where the next [`Journal::check_chain`] starts.
+    #[serde(skip)]
+    last: Option<(i64, String)>,
 }
 
 impl ChainReport {
@@ -334,6 +334,7 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         entries,
         jobs: jobs.len() as u64,
         problems,
+        last: (expected_seq > 1).then(|| (expected_seq - 1, prev)),
     })
 }
 
@@ -515,10 +516,134 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
     Ok(out)
 }
 
+/// The hash chain from the entry `mark` names (`seq:hash`, the last one checked) to the head:
+/// each entry's hash over its content, its link to the one before, no gap, and the head record
+/// at its end. The last entry checked (`None`: no entry yet), or the first problem.
+type Checked = std::result::Result<Option<(i64, String)>, String>;
+
+fn chain_problem_since(tx: &mut dyn Tx, mark: Option<(i64, String)>) -> Result<Checked> {
+    let (from, mut prev) = match &mark {
+        Some((seq, hash)) => (*seq, hash.clone()),
+        None => (0, GENESIS.to_string()),
+    };
+    let rows = tx
+        .rows(
+            "SELECT seq, format, at, job_id, kind, body, prev_hash, hash FROM journal WHERE seq >= $1 ORDER BY seq",
+            &[V::I(from)],
+        )
+        .map_err(db)?;
+    let mut expected = from + 1;
+    for r in &rows {
+        let seq = r[0].i().unwrap_or(-1);
+        let (job, hash) = (r[3].t(), r[7].text());
+        let content = entry_hash(
+            &r[6].text(),
+            seq,
+            r[1].i().unwrap_or(-1),
+            &r[2].text(),
+            job,
+            &r[4].text(),
+            &r[5].text(),
+        );
+        if seq == from {
+            // The entry checked last time: still as it was then.
+            if hash != prev || content != hash {
+                return Ok(Err(format!(
+                    "entry {seq}, checked before, was edited since"
+                )));
+            }
+            continue;
+        }
+        if seq != expected {
+            return Ok(Err(format!(
+                "entry {expected} is missing (next found is {seq})"
+            )));
+        }
+        if r[6].text() != prev {
+            return Ok(Err(format!(
+                "entry {seq} does not follow the entry before it"
+            )));
+        }
+        if content != hash {
+            return Ok(Err(format!(
+                "entry {seq} was edited: its hash does not match its content"
+            )));
+        }
+        prev = hash;
+        expected = seq + 1;
+    }
+    if from > 0 && rows.first().and_then(|r| r[0].i()) != Some(from) {
+        return Ok(Err(format!("entry {from}, checked before, is gone")));
+    }
+    let head = tx
+        .row("SELECT v FROM lethe_meta WHERE k = 'head'", &[])
+        .map_err(db)?
+        .map(|r| r[0].text());
+    let last = format!("{}:{}", expected - 1, prev);
+    match head {
+        Some(h) if h != last => Ok(Err(
+            "the head record does not match the chain's last entry (the newest entries were removed or the head edited)".into(),
+        )),
+        None if expected > 1 => Ok(Err("the head record is missing".into())),
+        _ => Ok(Ok((expected > 1).then_some((expected - 1, prev)))),
+    }
+}
+
+/// The mark of the last entry checked (`lethe_meta.checked`), if it is well formed.
+fn checked_mark(tx: &mut dyn Tx) -> Result<Option<(i64, String)>> {
+    Ok(tx
+        .row("SELECT v FROM lethe_meta WHERE k = 'checked'", &[])
+        .map_err(db)?
+        .and_then(|r| {
+            let v = r[0].text();
+            let (seq, hash) = v.split_once(':')?;
+            Some((seq.parse().ok()?, hash.to_string()))
+        }))
+}
+
+fn set_checked_mark(tx: &mut dyn Tx, (seq, hash): &(i64, String)) -> Result<()> {
+    tx.exec(
+        "INSERT INTO lethe_meta (k, v) VALUES ('checked', $1) \
+         ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        &[format!("{seq}:{hash}").into()],
+    )
+    .map_err(db)?;
+    Ok(())
+}
+
 impl Journal {
-    /// Walks the whole chain and replays every job. Read-only.
+    /// Walks the whole chain and replays every job. Read-only, but for one record: an intact
+    /// chain's head becomes the mark [`Journal::check_chain`] starts from.
     pub fn verify_chain(&self) -> Result<ChainReport> {
-        self.read(verify_tx)
+        let report = self.read(verify_tx)?;
+        if let (true, Some(last)) = (report.is_intact(), &report.last) {
+            // Best effort: a journal this process may only read is still verified.
+            if let Err(e) = self.write(|tx| set_checked_mark(tx, last)) {
+                tracing::debug!(error = %e, "The verified head was not recorded.");
+            }
+        }
+        Ok(report)
+    }
+
+    /// The check a job makes before it starts: the hash chain from the last entry checked (by
+    /// this or by [`Journal::verify_chain`]) to the head, so every entry is checked at least
+    /// once after it is written, by the next job to start, at the cost of the entries since.
+    /// `Err(JournalError::Broken)` names the first problem. An edit to an entry checked
+    /// already is found by the full [`Journal::verify_chain`] (and by this check, if it is the
+    /// entry the mark names).
+    pub fn check_chain(&self) -> Result<()> {
+        let problem = self.write(|tx| {
+            let mark = checked_mark(tx)?;
+            match chain_problem_since(tx, mark)? {
+                Ok(Some(last)) => set_checked_mark(tx, &last).map(|_| None),
+                Ok(None) => Ok(None),
+                Err(problem) => Ok(Some(problem)),
+            }
+        })?;
+        match problem {
+            Some(p) => Err(JournalError::Broken(p)),
+            None => Ok(()),
+        }
     }
 
     /// Where a job's row and progress differ from what its chain entries record (basis,

@@ -48,6 +48,15 @@ pub enum JournalError {
         /// The driver's message.
         message: String,
     },
+    /// The control database's file or disk failed: a folder given as the file, a read-only
+    /// file or file system, a full or failing disk. Nothing past the failing step was done.
+    #[error("control database {store}: {message}: an I/O fault (a folder given as the journal file, a read-only file or file system, a full or failing disk); fix it and run the command again")]
+    Io {
+        /// Which control database (a path).
+        store: String,
+        /// The driver's or the system's message.
+        message: String,
+    },
     /// The journal URL is not one Lethe knows. Not shown: it may hold a password.
     #[error("unsupported control.journal: use sqlite:PATH (a file, e.g. sqlite:lethe-journal.db) or postgres://...")]
     UnsupportedUrl(String),
@@ -72,6 +81,10 @@ pub enum JournalError {
     /// Stored data does not parse: the database was edited by hand or by a newer Lethe.
     #[error("control database holds unreadable data ({0}); run `lethe journal verify`")]
     Corrupt(String),
+    /// The hash chain does not verify from the last entry checked ([`Journal::check_chain`]):
+    /// no job starts on it. The first problem; `lethe journal verify` lists every one.
+    #[error("the journal's hash chain is broken ({0}): no job starts on a journal that does not verify. `lethe journal verify` lists every problem; restore the journal's database from a backup, or move it aside and start a new journal (its certificates stay verifiable with the deployment key)")]
+    Broken(String),
     /// A gate refusal; see [`gate::GateError`].
     #[error(transparent)]
     Gate(#[from] gate::GateError),
@@ -83,6 +96,29 @@ pub enum JournalError {
     /// it, or a `lethe serve` shares it ([`Journal::share_gate_authority`]).
     #[error("the gate authority over this control store is taken: another process's in-process gate, or a `lethe serve`, grants permits over it (one authority per journal); stop it first")]
     GateAuthorityTaken,
+}
+
+impl JournalError {
+    /// A control database's failure: [`JournalError::Io`] when SQLite or the system says the
+    /// file or the disk failed (SQLite's own result texts, which do not change), else
+    /// [`JournalError::Db`].
+    pub(crate) fn db(store: String, message: String) -> Self {
+        const IO: [&str; 8] = [
+            "unable to open database file",
+            "disk I/O error",
+            "database or disk is full",
+            "attempt to write a readonly database",
+            "Is a directory",
+            "Read-only file system",
+            "No space left on device",
+            "Input/output error",
+        ];
+        if IO.iter().any(|m| message.contains(m)) {
+            JournalError::Io { store, message }
+        } else {
+            JournalError::Db { store, message }
+        }
+    }
 }
 
 /// Shorthand for this crate's results.
@@ -217,10 +253,7 @@ impl Journal {
     /// Opens (creating if needed) a SQLite control store.
     pub fn open(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
-        let err = |e: rusqlite::Error| JournalError::Db {
-            store: shown.clone(),
-            message: e.to_string(),
-        };
+        let err = |e: rusqlite::Error| JournalError::db(shown.clone(), e.to_string());
         let writers = file_lock(path);
         // Set up under this process's write lock of the file: switching a new file to WAL needs
         // the file to itself, and SQLite answers "database is locked" at once, without its busy
@@ -240,12 +273,7 @@ impl Journal {
             {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    return Err(JournalError::Db {
-                        store: shown.clone(),
-                        message: e.to_string(),
-                    })
-                }
+                Err(e) => return Err(JournalError::db(shown.clone(), e.to_string())),
             }
         }
         let conn = rusqlite::Connection::open(path).map_err(err)?;
@@ -559,10 +587,7 @@ impl Journal {
     }
 
     pub(crate) fn db(&self, message: String) -> JournalError {
-        JournalError::Db {
-            store: self.shown.clone(),
-            message,
-        }
+        JournalError::db(self.shown.clone(), message)
     }
 
     /// Runs `f` in one write transaction that holds the store's write lock from its start, so

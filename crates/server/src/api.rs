@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State as AxState};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
@@ -91,11 +91,48 @@ pub(crate) fn router(state: State) -> Router {
                 "this route does not take that method; GET /v1/openapi.json lists them",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), admit))
         .with_state(state)
 }
 
-/// Checks the bearer token; `operator` may do everything a `runtime` may.
-fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiError> {
+/// The most a request body may carry.
+pub(crate) const MAX_BODY: u64 = 2 * 1024 * 1024;
+
+/// Runs before any route reads a byte of a body: a request to a route that needs a token
+/// must carry a valid one (of either role; the route checks which), and declare no body over
+/// [`MAX_BODY`]. A caller without a token costs the server its headers, nothing more.
+async fn admit(
+    AxState(state): AxState<State>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let open = matches!(req.uri().path(), "/healthz" | "/v1/openapi.json");
+    if !open {
+        if let Err(e) = role(&state.tokens, req.headers()) {
+            return e.into_response();
+        }
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY) {
+            return too_large().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        "the body is over the 2 MiB a request may carry",
+    )
+}
+
+/// The role of the bearer token a request carries, if it carries a valid one.
+pub(crate) fn role(tokens: &[(String, Role)], headers: &HeaderMap) -> Result<Role, ApiError> {
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -107,8 +144,7 @@ fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiEr
         })
         .unwrap_or("");
     // Compared in full against every token, so timing says nothing about how much matched.
-    let role = state
-        .tokens
+    tokens
         .iter()
         .fold(None, |found, (t, r)| {
             if constant_time_eq(t.as_bytes(), given.as_bytes()) {
@@ -123,7 +159,12 @@ fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiEr
                 "unauthorized",
                 "a bearer token from [serve] is required",
             )
-        })?;
+        })
+}
+
+/// Checks the bearer token; `operator` may do everything a `runtime` may.
+fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiError> {
+    let role = role(&state.tokens, headers)?;
     if need == Role::Operator && role != Role::Operator {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -175,37 +216,50 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
             .map_err(|e| match e.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    "the body is over the 2 MiB a request may carry",
-                ),
+                StatusCode::PAYLOAD_TOO_LARGE => too_large(),
                 _ => ApiError::bad_request("the body could not be read"),
             })?;
         parse_object(&bytes).map(Object)
     }
 }
 
-/// One JSON object, into `T`.
+/// One JSON object, into `T`: never an array (`lethe_core::Object`), at the top or in a field.
 fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
-    // The message names the field at fault (`tenant: invalid type ...`), but a key the caller
-    // made up is never part of that path: it may be built from an identifier (review: axum's
-    // own message began `zz-secret: unknown field ...`).
+    // The message names the field at fault (`tenant: invalid type ...`) and the position, but
+    // never a key the caller made up, in the path or in the reason: it may be built from an
+    // identifier (axum's own message began `zz-secret: unknown field ...`).
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    let t = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
-        let (path, reason) = lethe_core::redact::fault(e.path(), &e.inner().to_string());
-        ApiError::bad_request(if path.is_empty() {
-            format!("the body does not fit the request: {reason}")
-        } else {
-            format!("the body does not fit the request: {path}: {reason}")
-        })
-    })?;
+    let t =
+        serde_path_to_error::deserialize::<_, lethe_core::Object<T>>(&mut *de).map_err(|e| {
+            let (path, reason) = lethe_core::redact::fault(e.path(), &e.inner().to_string());
+            ApiError::bad_request(if path.is_empty() {
+                format!("the body does not fit the request: {reason}")
+            } else {
+                format!("the body does not fit the request: {path}: {reason}")
+            })
+        })?;
     de.end()
         .map_err(|_| ApiError::bad_request("the body has more after its JSON object"))?;
-    Ok(t)
+    Ok(t.into_inner())
+}
+
+/// A query string into `T`, with [`parse_object`]'s rule for messages: the parameter at fault
+/// is named only when it is one of the API's (`leases`), never one the caller made up (a query
+/// `?Alice-Smith=x` is built from an identifier), and no value is quoted.
+fn parse_query<T: serde::de::DeserializeOwned>(query: Option<&str>) -> Result<T, ApiError> {
+    let de =
+        serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.unwrap_or("").as_bytes()));
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let (path, reason) = lethe_core::redact::fault(e.path(), &e.inner().to_string());
+        ApiError::bad_request(if path.is_empty() {
+            format!("the query string does not fit the request: {reason}")
+        } else {
+            format!("the query string does not fit the request: {path}: {reason}")
+        })
+    })
 }
 
 /// An engine's message in the API's words: the CLI's flags are the request's fields here.
@@ -249,7 +303,7 @@ struct LeaseJson {
     tenant: String,
     subject: String,
     #[serde(default)]
-    reads: Vec<ReadJson>,
+    reads: Vec<lethe_core::Object<ReadJson>>,
     ttl_ms: Option<u64>,
 }
 
@@ -270,7 +324,7 @@ async fn take_lease(
     let reads = b
         .reads
         .into_iter()
-        .map(|r| {
+        .map(|lethe_core::Object(r)| {
             Ok((
                 MemoryId::new(r.memory_id).map_err(bad)?,
                 Version::new(r.version).map_err(bad)?,
@@ -490,13 +544,12 @@ async fn end_permit(
     state: &State,
     headers: &HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
-    key: Result<Query<KeyQuery>, QueryRejection>,
+    query: Option<String>,
     end: End,
 ) -> Result<StatusCode, ApiError> {
     authorize(state, headers, Role::Runtime)?;
     let permit_id = path(permit_id)?;
-    let Query(KeyQuery { key }) =
-        key.map_err(|_| ApiError::bad_request("the only query parameter is key"))?;
+    let KeyQuery { key } = parse_query(query.as_deref())?;
     check_key(key.as_deref(), "key")?;
     // Every permit the server grants has a key, so an end without one matches none of them,
     // and a permit taken in-process without one is no HTTP caller's to end: no such permit
@@ -532,18 +585,18 @@ async fn release_permit(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
-    key: Result<Query<KeyQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<StatusCode, ApiError> {
-    end_permit(&state, &headers, permit_id, key, End::Released).await
+    end_permit(&state, &headers, permit_id, query, End::Released).await
 }
 
 async fn confirm_cancelled(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     permit_id: Result<Path<i64>, PathRejection>,
-    key: Result<Query<KeyQuery>, QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<StatusCode, ApiError> {
-    end_permit(&state, &headers, permit_id, key, End::Cancelled).await
+    end_permit(&state, &headers, permit_id, query, End::Cancelled).await
 }
 
 #[derive(Deserialize)]
@@ -558,10 +611,10 @@ const MAX_STREAM_LEASES: usize = 10_000;
 async fn revocations(
     AxState(state): AxState<State>,
     headers: HeaderMap,
-    q: Result<Query<RevocationsQuery>, axum::extract::rejection::QueryRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError> {
     authorize(&state, &headers, Role::Runtime)?;
-    let q = q.map_err(|e| ApiError::bad_request(lethe_core::redact_quoted(&e.body_text())))?;
+    let q: RevocationsQuery = parse_query(query.as_deref())?;
     let mut leases = q
         .leases
         .split(',')
@@ -576,7 +629,18 @@ async fn revocations(
         ));
     }
     // Registered before the first poll, so a lease revoked already is reported at once.
-    let rx = state.watchers.watch(&leases);
+    let rx = state.watchers.watch(&leases).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "watch_limit",
+            format!(
+                "this server already watches its most leases ({}) for open revocation streams; \
+                 retry later, spread the runtimes over several servers, or poll \
+                 GET /v1/leases/{{lease_id}}",
+                crate::revocations::MAX_WATCHED_LEASES
+            ),
+        )
+    })?;
     let stream = futures_util::stream::unfold(
         (rx, state.stop.clone(), leases.len()),
         |(mut rx, mut stop, left)| async move {

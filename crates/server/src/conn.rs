@@ -1,6 +1,12 @@
 //! The connections `lethe serve` accepts, and how long each may make the server wait.
 //!
-//! - At most [`MAX_CONNECTIONS`] at once; past it, new ones wait in the listen backlog.
+//! - A connection is **unproven** until one of its requests carries a valid bearer token, then
+//!   **proven**. At most [`MAX_UNPROVEN`] unproven connections are kept: a new one past that
+//!   closes the oldest unproven one. At most [`MAX_CONNECTIONS`] proven ones are kept, and none
+//!   is ever closed to make room. So connections opened without a token, however many and
+//!   however idle, cost a bounded slice of the server and never stop a runtime with a token
+//!   from being answered: its connection is accepted, proven by its first request, and safe.
+//!   (A proven connection past [`MAX_CONNECTIONS`] is served, but stays unproven.)
 //! - Each bound is on the client, never on the server's own work: a request's headers must all
 //!   arrive within the idle timeout of the server starting to wait for them (hyper's header
 //!   read timeout, which also closes a kept-alive connection that sends nothing); the rest of a
@@ -12,10 +18,11 @@
 //! - A stop closes the listener, asks every connection to end after its request in flight,
 //!   and after [`crate::SHUTDOWN_GRACE`] drops the ones still open.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,12 +33,60 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
 
-/// The most connections served at once; past it, new ones wait in the listen backlog.
+/// The most proven connections (whose requests carry a valid token) kept at once.
 pub const MAX_CONNECTIONS: usize = 4096;
+
+/// The most unproven connections (none of whose requests has carried a valid token yet) kept at
+/// once; a new one past it closes the oldest. A client with a token sends its first request
+/// within milliseconds of connecting, so it is proven long before this many others arrive.
+pub const MAX_UNPROVEN: usize = 256;
+
+/// Whether a request's headers carry a valid bearer token (of any role).
+pub(crate) type Authenticate = Arc<dyn Fn(&hyper::HeaderMap) -> bool + Send + Sync>;
+
+/// The connections kept, unproven and proven (see the module documentation).
+struct Admission {
+    proven: Arc<Semaphore>,
+    /// Unproven connections by arrival, each with the signal that closes it.
+    unproven: Mutex<BTreeMap<u64, Arc<Notify>>>,
+}
+
+impl Admission {
+    /// Registers a new connection as unproven, closing the oldest unproven one if it is full.
+    fn admit(&self, id: u64) -> Arc<Notify> {
+        let close = Arc::new(Notify::new());
+        let mut unproven = self.unproven.lock().unwrap_or_else(|p| p.into_inner());
+        if unproven.len() >= MAX_UNPROVEN {
+            if let Some((_, oldest)) = unproven.pop_first() {
+                // Stored if its task is not waiting yet: it closes as soon as it looks.
+                oldest.notify_one();
+            }
+        }
+        unproven.insert(id, Arc::clone(&close));
+        close
+    }
+
+    /// Proves a connection: it takes a proven slot, if one is free, and can no longer be
+    /// closed to make room. Returns the slot, held until the connection ends.
+    fn prove(&self, id: u64) -> Option<OwnedSemaphorePermit> {
+        let slot = Arc::clone(&self.proven).try_acquire_owned().ok()?;
+        let mut unproven = self.unproven.lock().unwrap_or_else(|p| p.into_inner());
+        // Gone: it was just told to close, to make room for a newer one.
+        unproven.remove(&id)?;
+        Some(slot)
+    }
+
+    fn forget(&self, id: u64) {
+        self.unproven
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+}
 
 /// How long the server waits on a client ([`crate::Server`]'s `idle_timeout` in production):
 /// for a request's headers, for the rest of its body, for it to take a response's bytes.
@@ -42,27 +97,25 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
+    authenticate: Authenticate,
     idle: Duration,
     grace: Duration,
     stop: impl Future<Output = ()>,
 ) {
     let mut listener = listener;
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let admission = Arc::new(Admission {
+        proven: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        unproven: Mutex::new(BTreeMap::new()),
+    });
+    let mut next_id = 0u64;
     let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
     let mut open = JoinSet::new();
     let app = TowerToHyperService::new(app);
     let mut stop = pin!(stop);
     loop {
-        let next = async {
-            let slot = Arc::clone(&slots)
-                .acquire_owned()
-                .await
-                .expect("the semaphore is never closed");
-            // Never fails: axum's accept retries what a listener can recover from.
-            let (tcp, _) = axum::serve::Listener::accept(&mut listener).await;
-            (tcp, slot)
-        };
-        let (tcp, slot) = tokio::select! {
+        // Never fails: axum's accept retries what a listener can recover from.
+        let next = async { axum::serve::Listener::accept(&mut listener).await.0 };
+        let tcp = tokio::select! {
             _ = &mut stop => break,
             // Finished connections are reaped as they end, so the set stays as large as the open.
             Some(_) = open.join_next(), if !open.is_empty() => continue,
@@ -72,24 +125,41 @@ pub(crate) async fn serve(
         let _ = tcp.set_nodelay(true);
         let io = TokioIo::new(Guarded {
             tcp,
-            _slot: slot,
             idle,
             write_deadline: None,
         });
+        let id = next_id;
+        next_id += 1;
+        let evicted = admission.admit(id);
         let app = app.clone();
+        let (admission_c, authenticate) = (Arc::clone(&admission), Arc::clone(&authenticate));
+        // The proven slot, once a request carried a token; dropped with the connection.
+        let slot: Mutex<Option<OwnedSemaphorePermit>> = Mutex::new(None);
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() && authenticate(req.headers()) {
+                *slot = admission_c.prove(id);
+            }
+            drop(slot);
             hyper::service::Service::call(&app, req.map(|b| Body::new(Timed::new(b, idle))))
         });
         let mut closing = closing_rx.clone();
+        let admission_t = Arc::clone(&admission);
         open.spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(idle);
             let mut conn = pin!(http.serve_connection(io, service));
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                _ = closing.wait_for(|c| *c) => conn.as_mut().graceful_shutdown(),
+            let closing_now = tokio::select! {
+                _ = conn.as_mut() => false,
+                // Closed to make room for a newer connection (module documentation).
+                _ = evicted.notified() => false,
+                _ = closing.wait_for(|c| *c) => true,
+            };
+            if closing_now {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
             }
-            let _ = conn.await;
+            admission_t.forget(id);
         });
     }
     drop(listener);
@@ -106,10 +176,9 @@ pub(crate) async fn serve(
     }
 }
 
-/// A connection holding its slot, with the deadline of a write the client is not taking.
+/// A connection, with the deadline of a write the client is not taking.
 struct Guarded {
     tcp: TcpStream,
-    _slot: OwnedSemaphorePermit,
     idle: Duration,
     /// Set when a write first finds the socket's buffer full; cleared by the next write taken.
     write_deadline: Option<Pin<Box<Sleep>>>,

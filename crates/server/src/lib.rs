@@ -29,8 +29,9 @@ use lethe_engine::config::Role;
 use lethe_engine::Engine;
 use lethe_journal::Journal;
 
-pub use conn::{IDLE_TIMEOUT, MAX_CONNECTIONS};
+pub use conn::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVEN};
 pub use error::ApiError;
+pub use revocations::MAX_WATCHED_LEASES;
 
 /// The OpenAPI 3.1 document served at `GET /v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -121,9 +122,11 @@ pub async fn run(
     ));
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "Gate listening.");
+    let tokens = Arc::clone(&state.tokens);
     conn::serve(
         listener,
         api::router(state),
+        Arc::new(move |headers: &axum::http::HeaderMap| api::role(&tokens, headers).is_ok()),
         idle_timeout,
         SHUTDOWN_GRACE,
         async move {

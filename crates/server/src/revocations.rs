@@ -17,6 +17,12 @@ use crate::pool::DropOffRuntime;
 /// How often open streams' leases are checked: the push latency's bound, plus delivery.
 pub(crate) const POLL: Duration = Duration::from_millis(20);
 
+/// The most leases all open streams of one server may watch together: two full streams (a
+/// runtime past 10,000 leases opens a second). The watcher checks every one each [`POLL`], so
+/// each costs CPU (5,000 cost about a quarter of a core): past the bound a new stream is
+/// refused (503 `watch_limit`), and the streams open are not touched.
+pub const MAX_WATCHED_LEASES: usize = 20_000;
+
 /// Streams waiting for revocations, by lease.
 pub(crate) struct Watchers {
     by_lease: Mutex<HashMap<i64, Vec<mpsc::UnboundedSender<i64>>>>,
@@ -32,14 +38,22 @@ impl Watchers {
         w
     }
 
-    /// Registers a stream for these leases.
-    pub(crate) fn watch(&self, leases: &[i64]) -> mpsc::UnboundedReceiver<i64> {
+    /// Registers a stream for these leases; `None` when that would take the leases watched past
+    /// [`MAX_WATCHED_LEASES`] (streams whose client went away no longer count).
+    pub(crate) fn watch(&self, leases: &[i64]) -> Option<mpsc::UnboundedReceiver<i64>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut map = self.by_lease.lock().unwrap_or_else(|p| p.into_inner());
+        let watched: usize = map
+            .values()
+            .map(|s| s.iter().filter(|s| !s.is_closed()).count())
+            .sum();
+        if watched + leases.len() > MAX_WATCHED_LEASES {
+            return None;
+        }
         for &l in leases {
             map.entry(l).or_default().push(tx.clone());
         }
-        rx
+        Some(rx)
     }
 
     async fn poll_until(

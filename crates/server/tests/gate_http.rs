@@ -433,6 +433,8 @@ both!(
     permits_of_many_scopes_while_three_freeze_at_once,
     a_held_job_is_refused_at_once_over_http,
     every_refusal_of_a_malformed_request_has_the_api_shape,
+    no_name_or_value_the_caller_sent_is_echoed,
+    a_caller_without_a_token_is_refused_before_its_body_is_read,
 );
 
 /// PostgreSQL ends the server's connections (a restart, a failover, an administrator): the
@@ -660,9 +662,13 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
         )
         .unwrap_err()
         .to_string();
-    assert!(m.contains("unknown field `colour`"), "{m}");
-    // A key the caller made up that does not read like a field name is not shown, neither
-    // quoted nor as the path to the fault (review: the path named it), at any depth.
+    // A key the caller made up is never shown, however field-like (`alice` is a name): the
+    // message names the API's fields instead.
+    assert!(
+        m.contains("unknown field `…`, expected one of `tenant`") && !m.contains("colour"),
+        "{m}"
+    );
+    // Nor quoted, nor as the path to the fault, at any depth.
     for (body, path) in [
         (
             json!({"tenant": "acme", "subject": "bob", "zz-secret-42": 1}),
@@ -815,7 +821,7 @@ fn a_held_job_is_refused_at_once_over_http(b: Backend) {
     assert_eq!(code(op.call("POST", &resume, None).unwrap_err()), "held");
     for (body, want) in [
         (json!({"drain_timeout_s": "secret-x-42"}), "drain_timeout_s"),
-        (json!({"bogus": 1}), "unknown field `bogus`"),
+        (json!({"bogus": 1}), "unknown field `…`, expected"),
     ] {
         let e = op.call("POST", &resume, Some(&body)).unwrap_err();
         let m = e.to_string();
@@ -1800,4 +1806,227 @@ fn the_server_sweeps_expired_leases_and_ended_permits(b: Backend) {
     // The live lease and its active permit stay.
     assert!(!rt.is_revoked(live.lease_id).unwrap());
     rt.release_permit(held).unwrap();
+}
+
+/// Sends a request and reads the answer's status line and headers only (a stream's answer
+/// never ends); `None` when nothing came within `wait`.
+fn head_status(addr: &str, request: &str, wait: Duration) -> Option<(u16, std::net::TcpStream)> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(wait)).unwrap();
+    c.write_all(request.as_bytes()).ok()?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let status = String::from_utf8_lossy(&got)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())?;
+    Some((status, c))
+}
+
+/// An error never repeats a name or a value the caller sent: not a query parameter the API
+/// does not have (`?Alice-Smith=x`), not a body's key that reads like a field (`alice`), not a
+/// value. It names the position or the fields the API has.
+fn no_name_or_value_the_caller_sent_is_echoed(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    let rt = env.runtime();
+    let lease = rt.take_lease("acme", "bob", &[], 60_000).unwrap();
+    for path in [
+        format!("/v1/revocations?leases={}&Alice-Smith=x", lease.lease_id),
+        format!("/v1/revocations?leases={}&alice=x", lease.lease_id),
+        "/v1/revocations?Alice-Smith=1".to_string(),
+    ] {
+        let (status, body) = raw(
+            &env.addr,
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RUNTIME}\r\n\
+                 Connection: close\r\n\r\n"
+            ),
+            b"",
+        );
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(!body.to_lowercase().contains("alice"), "{path}: {body}");
+        assert!(body.contains("bad_request"), "{path}: {body}");
+    }
+    let (status, body) = raw(
+        &env.addr,
+        &format!(
+            "DELETE /v1/permits/1?key=k1&Alice-Smith=x HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {RUNTIME}\r\nConnection: close\r\n\r\n"
+        ),
+        b"",
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(!body.to_lowercase().contains("alice"), "{body}");
+    for body in [
+        json!({"tenant": "acme", "subject": "bob", "alice": 1}),
+        json!({"tenant": "acme", "subject": "bob", "reads": [{"memory_id": "m", "version": "v", "alice": 1}]}),
+        json!({"tenant": "acme", "subject": "bob", "reads": [["m/alice", "v-alice"]]}),
+    ] {
+        let m = rt
+            .call("POST", "/v1/leases", Some(&body))
+            .unwrap_err()
+            .to_string();
+        assert!(!m.to_lowercase().contains("alice"), "{body}: {m}");
+    }
+    // A struct nested in the body is read from an object only, never from an array of its
+    // fields in order.
+    let m = rt
+        .call(
+            "POST",
+            "/v1/leases",
+            Some(&json!({"tenant": "acme", "subject": "bob", "reads": [["m-1", "v-1"]]})),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(m.contains("an object with named fields"), "{m}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM leases"),
+        1,
+        "no lease was taken by a refused request"
+    );
+}
+
+/// A request to a route that needs a token is refused before a byte of its body is read: a
+/// caller without a token that declares a 2 MiB body and sends none is answered 401 at once,
+/// not held until its body arrives. A body declared over the limit is refused unread too.
+fn a_caller_without_a_token_is_refused_before_its_body_is_read(b: Backend) {
+    let env = Env::new(b, Arc::new(SystemClock));
+    for (auth, length, want) in [
+        (String::new(), 2 * 1024 * 1024, 401),
+        (
+            "Authorization: Bearer not-a-token-at-all-000\r\n".to_string(),
+            1024,
+            401,
+        ),
+        (
+            format!("Authorization: Bearer {RUNTIME}\r\n"),
+            3 * 1024 * 1024,
+            413,
+        ),
+    ] {
+        let asked = Instant::now();
+        let got = head_status(
+            &env.addr,
+            &format!(
+                "POST /v1/leases HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n\
+                 Content-Length: {length}\r\n\r\n"
+            ),
+            Duration::from_secs(5),
+        );
+        assert_eq!(
+            got.map(|(s, _)| s),
+            Some(want),
+            "answered without the body ({length} bytes declared) after {:?}",
+            asked.elapsed()
+        );
+    }
+    assert!(env.runtime().take_lease("acme", "bob", &[], 60_000).is_ok());
+}
+
+/// The leases all of a server's revocation streams watch are bounded: a stream that would take
+/// the total past it is refused with 503 `watch_limit`, the streams open keep theirs, and once
+/// one closes a new one is admitted.
+#[test]
+fn the_leases_all_streams_watch_are_bounded() {
+    let env = Env::new(Backend::Sqlite, Arc::new(SystemClock));
+    // Three streams of a third and one: two fit, the third goes past the bound.
+    let per = lethe_server::MAX_WATCHED_LEASES / 3 + 1;
+    // Live leases, written behind the server's back in one transaction (a lease a stream
+    // watches that does not exist is reported revoked at once, and no longer watched).
+    let path = env.journal.strip_prefix("sqlite:").unwrap();
+    let c = rusqlite::Connection::open(path).unwrap();
+    for from in [100_000, 200_000, 300_000] {
+        c.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2) \
+             INSERT INTO leases (lease_id, tenant, subject, epoch, tenant_epoch, expires_ms) \
+             SELECT ?1 + i, 'acme', 'bob', 0, 0, 99999999999999 FROM n",
+            [from as i64, per as i64],
+        )
+        .unwrap();
+    }
+    drop(c);
+    let stream = |from: usize| {
+        let ids: Vec<String> = (from..from + per).map(|i| i.to_string()).collect();
+        format!(
+            "GET /v1/revocations?leases={} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RUNTIME}\r\n\r\n",
+            ids.join(",")
+        )
+    };
+    let (status, first) = head_status(&env.addr, &stream(100_000), Duration::from_secs(10))
+        .expect("the first stream is answered");
+    assert_eq!(status, 200);
+    let (status, _second) = head_status(&env.addr, &stream(200_000), Duration::from_secs(10))
+        .expect("the second stream is answered");
+    assert_eq!(status, 200);
+    let (status, _) = head_status(&env.addr, &stream(300_000), Duration::from_secs(10))
+        .expect("the third stream is answered");
+    assert_eq!(status, 503, "past the bound");
+    drop(first);
+    // The watcher forgets a closed stream at its next poll.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) =
+            head_status(&env.addr, &stream(300_000), Duration::from_secs(10)).expect("answered");
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(
+            Instant::now() < deadline,
+            "a closed stream's leases were never let go"
+        );
+        std::thread::yield_now();
+    }
+}
+
+/// Connections opened without a token (4,200 of them, past the 4,096 proven connections a
+/// server keeps, and idle) never keep a runtime with a token out: its new connection is
+/// accepted and answered within a second, and the oldest idle ones were closed to make room.
+#[test]
+fn idle_connections_without_a_token_never_keep_a_runtime_out() {
+    use std::io::Read;
+    let env = Env::new(Backend::Sqlite, Arc::new(SystemClock));
+    let n = lethe_server::MAX_CONNECTIONS + 104;
+    let idle: Vec<std::net::TcpStream> = (0..n)
+        .map(|_| std::net::TcpStream::connect(&env.addr).unwrap())
+        .collect();
+    // The health check, and a gate call with the token (no such lease: answered 404).
+    for (path, want) in [("/healthz", 200), ("/v1/leases/1", 404)] {
+        let asked = Instant::now();
+        let got = head_status(
+            &env.addr,
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {RUNTIME}\r\n\
+                 Connection: close\r\n\r\n"
+            ),
+            Duration::from_secs(5),
+        );
+        let waited = asked.elapsed();
+        assert_eq!(
+            got.map(|g| g.0),
+            Some(want),
+            "{path}: answered after {waited:?}"
+        );
+        assert!(
+            waited < Duration::from_secs(1),
+            "{path}: answered after {waited:?}"
+        );
+    }
+    // The oldest idle connection was closed: its read ends at once.
+    let mut oldest = idle.into_iter().next().unwrap();
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(oldest.read(&mut buf), Ok(0) | Err(_)),
+        "the oldest unproven connection was closed"
+    );
 }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::postgres::{conn_config, Conn};
 use crate::registry::parse_table;
+use lethe_core::Object;
 
 use super::adapter::{Checkpointer, MetadataKeys, Registry};
 
@@ -15,8 +16,10 @@ struct Raw {
     statement_timeout_ms: Option<u64>,
     /// Schema of LangGraph's tables (default `public`).
     schema: Option<String>,
-    registry: Option<RawRegistry>,
-    metadata: Option<RawMetadata>,
+    // Objects only: a registry or metadata given as an array would name its columns by
+    // position, the tenant's and the subject's swapped by one misordered export.
+    registry: Option<Object<RawRegistry>>,
+    metadata: Option<Object<RawMetadata>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -71,7 +74,7 @@ impl Config {
         if schema.contains('.') {
             return Err("schema must not contain '.'".into());
         }
-        let registry = match raw.registry {
+        let registry = match raw.registry.map(Object::into_inner) {
             Some(r) => {
                 let rconn = match &r.url {
                     Some(u) => Some(conn_config(
@@ -98,7 +101,7 @@ impl Config {
             }
             None => None,
         };
-        let metadata = match raw.metadata {
+        let metadata = match raw.metadata.map(Object::into_inner) {
             Some(m) => Some(MetadataKeys {
                 tenant: name(&m.tenant, "metadata.tenant")?,
                 subject: name(&m.subject, "metadata.subject")?,

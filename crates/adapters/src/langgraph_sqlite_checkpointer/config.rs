@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::registry::{parse_table, resolve};
+use lethe_core::Object;
 
 use super::adapter::{Checkpointer, MetadataKeys, Registry};
 
@@ -12,8 +13,10 @@ use super::adapter::{Checkpointer, MetadataKeys, Registry};
 struct Raw {
     path: PathBuf,
     busy_timeout_ms: Option<u64>,
-    registry: Option<RawRegistry>,
-    metadata: Option<RawMetadata>,
+    // Objects only: a registry or metadata given as an array would name its columns by
+    // position, the tenant's and the subject's swapped by one misordered export.
+    registry: Option<Object<RawRegistry>>,
+    metadata: Option<Object<RawMetadata>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -69,7 +72,7 @@ impl Config {
             return Err("give `registry`, `metadata` or both: without either, a subject's threads cannot be found".into());
         }
         let path = resolve(base, &raw.path);
-        let registry = match raw.registry {
+        let registry = match raw.registry.map(Object::into_inner) {
             Some(r) => Some(Registry {
                 path: r
                     .path
@@ -82,7 +85,7 @@ impl Config {
             }),
             None => None,
         };
-        let metadata = match raw.metadata {
+        let metadata = match raw.metadata.map(Object::into_inner) {
             Some(m) => Some(MetadataKeys {
                 tenant_path: json_path(&m.tenant, "tenant")?,
                 subject_path: json_path(&m.subject, "subject")?,

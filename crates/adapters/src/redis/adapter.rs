@@ -152,6 +152,13 @@ impl Redis {
     /// (a cluster down or resharding, a server loading), a failure otherwise.
     fn answered(&self, what: &str, e: &str) -> AdapterError {
         let why = format!("{what} answered: {}", shown_error(e));
+        // A replica (or `replica-read-only`) refuses writes with READONLY.
+        if e.starts_with("READONLY") {
+            return AdapterError::ReadOnly {
+                target: self.name.clone(),
+                why,
+            };
+        }
         if is_transient(e) {
             self.unavailable(why)
         } else {
