@@ -1,36 +1,39 @@
 #!/usr/bin/env bash
-# The runbook's validation scenario (section 10 of shared/reference/004_...): three subjects
-# seeded by the peer's own seed.py through real LangGraph (PostgreSQL database lg_small, Redis
-# db 1), a snapshot by the peer's verify.py, `lethe erase` of acme/alice over the PostgreSQL
-# checkpointer, the PostgreSQL store and the Redis cache, a second snapshot, and the peer's
-# `verify.py compare`: zero residue for alice, 100% kept for bob and carol. Exit 1 otherwise.
+# The runbook's validation scenario: subjects written through real LangGraph into PostgreSQL,
+# a session cache in Redis, `lethe erase` of acme/alice over the PostgreSQL checkpointer, the
+# PostgreSQL store and the Redis cache, and a comparison of snapshots taken before and after:
+# zero residue for alice, every row and key of every other subject kept, byte for byte.
 #
-# Needs: PostgreSQL 15 on 127.0.0.1:5432, Redis on 127.0.0.1:6379 (the peer hard-codes both),
-# the venv (scripts/pg venv) and a built lethe (LETHE_BIN, default target/debug/lethe).
+# 1. The project's own data (always): `scripts/pg seed-small` (three subjects of the runbook's
+#    small scenario plus subjects with awkward identifiers) into database lethe_validation,
+#    Redis db 3 (flushed first), snapshots and comparison by tests/e2e/validation.py.
+# 2. The peer runbook's own seed.py and verify.py (database lg_small, Redis db 1), when the peer
+#    is there: LETHE_PEER_DIR, or ../shared/peer/langgraph-runbook beside the repository.
+#    Skipped, and said, where it is not.
+#
+# Needs: PostgreSQL 15 on 127.0.0.1:5432 (LETHE_PG15_URL), Redis on 127.0.0.1:6379, the venv
+# (scripts/pg venv) and a built lethe (LETHE_BIN, default target/debug/lethe). Exit 1 on any
+# residue or collateral.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 LETHE=${LETHE_BIN:-target/debug/lethe}
 PG=${LETHE_PG15_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+PY=$(scripts/pg python)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-if ! scripts/pg peer "$PG" seed.py --scenario small >/dev/null 2>"$work/seed.log"; then
-    echo "runbook validation: the peer's seed.py failed (is ../shared/peer/langgraph-runbook there? LETHE_PEER_DIR overrides):" >&2
-    tail -20 "$work/seed.log" >&2
-    exit 1
-fi
-scripts/pg peer "$PG" verify.py snapshot --scenario small --out "$work/before.json" >/dev/null
-
-cat >"$work/lethe.toml" <<TOML
+# lethe.toml over database DB and Redis db N.
+config() {
+    cat >"$work/lethe.toml" <<TOML
 [control]
-journal = "sqlite:journal.db"
+journal = "sqlite:journal-$1.db"
 policy_version = "validation-10"
 
 [[target]]
 name = "checkpoints"
 kind = "langgraph-postgres-checkpointer"
 class = "primary"
-url = "${PG%/*}/lg_small"
+url = "${PG%/*}/$1"
 registry = { table = "public.thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
 metadata = { tenant = "tenant_id", subject = "user_id" }
 
@@ -38,30 +41,68 @@ metadata = { tenant = "tenant_id", subject = "user_id" }
 name = "memories"
 kind = "langgraph-postgres-store"
 class = "primary"
-url = "${PG%/*}/lg_small"
+url = "${PG%/*}/$1"
 namespace = ["{tenant}", "{subject}"]
 
 [[target]]
 name = "session-cache"
 kind = "redis"
 class = "cache"
-url = "redis://127.0.0.1:6379/1"
+url = "redis://127.0.0.1:6379/$2"
 pattern = "{tenant}:{subject}:*"
 mode = "scan"
 TOML
+}
 
-"$LETHE" --config "$work/lethe.toml" erase --tenant acme --subject alice \
-    --basis gdpr-art17 --ticket VALIDATION-10 --drain-timeout 0 --json >"$work/erase.json"
+erase_alice() {
+    "$LETHE" --config "$work/lethe.toml" erase --tenant acme --subject alice \
+        --basis gdpr-art17 --ticket VALIDATION-10 --drain-timeout 0 --json >"$work/erase-$1.json"
+    "$PY" - "$work/erase-$1.json" "$1" <<'PY'
+import json, sys
+erase = json.load(open(sys.argv[1]))
+counts = {t: v["count"] for t, v in (erase.get("certificate") or {}).get("targets", {}).items()}
+print(f"runbook validation ({sys.argv[2]}): lethe {erase['state']} {counts}")
+sys.exit(0 if erase["state"] == "COMPLETE" else 1)
+PY
+}
+
+# 1. The project's own data.
+scripts/pg seed-small "$PG" lethe_validation --manifest "$work/manifest.json" >/dev/null
+"$PY" tests/e2e/validation.py redis-seed "$work/manifest.json" redis://127.0.0.1:6379/3
+snap() {
+    "$PY" tests/e2e/validation.py snapshot "$work/manifest.json" "${PG%/*}/lethe_validation" \
+        redis://127.0.0.1:6379/3 "$work/$1.json"
+}
+snap own-before
+config lethe_validation 3
+erase_alice own
+snap own-after
+"$PY" tests/e2e/validation.py compare "$work/manifest.json" "$work/own-before.json" \
+    "$work/own-after.json" acme alice
+
+# 2. The peer runbook's seed.py and verify.py, where the peer is.
+peer=${LETHE_PEER_DIR:-$PWD/../shared/peer/langgraph-runbook}
+if [ ! -f "$peer/seed.py" ]; then
+    echo "runbook validation: the peer runbook is not at $peer (LETHE_PEER_DIR): its own seed.py and verify.py were not run"
+    exit 0
+fi
+if ! scripts/pg peer "$PG" seed.py --scenario small >/dev/null 2>"$work/seed.log"; then
+    echo "runbook validation: the peer's seed.py failed:" >&2
+    tail -20 "$work/seed.log" >&2
+    exit 1
+fi
+scripts/pg peer "$PG" verify.py snapshot --scenario small --out "$work/before.json" >/dev/null
+config lg_small 1
+erase_alice peer
 scripts/pg peer "$PG" verify.py snapshot --scenario small --out "$work/after.json" >/dev/null
 set +e
 scripts/pg peer "$PG" verify.py compare --scenario small "$work/before.json" "$work/after.json" >"$work/compare.json"
 rc=$?
 set -e
-python3 - "$work/erase.json" "$work/compare.json" <<'PY'
+python3 - "$work/compare.json" <<'PY'
 import json, sys
-erase, cmp = (json.load(open(p)) for p in sys.argv[1:3])
-counts = {t: v["count"] for t, v in (erase.get("certificate") or {}).get("targets", {}).items()}
-print(f"runbook validation: lethe {erase['state']} {counts}; verify.py compare ok={cmp['ok']}, "
+cmp = json.load(open(sys.argv[1]))
+print(f"runbook validation (peer): verify.py compare ok={cmp['ok']}, "
       f"other subjects untouched={cmp['non_target_users_untouched']}, changed={cmp['non_target_users_changed']}, "
       f"target before/after={cmp['target_before_after']}")
 for p in cmp["problems"]:

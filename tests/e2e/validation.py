@@ -1,0 +1,136 @@
+"""The validation scenario with the project's own data: snapshots of every subject's rows and
+keys, and their comparison after an erasure.
+
+    validation.py redis-seed MANIFEST REDIS_URL       session-cache keys for every subject
+    validation.py snapshot MANIFEST PG_URL REDIS_URL OUT
+    validation.py compare MANIFEST BEFORE AFTER TENANT SUBJECT
+
+The database is one `scripts/pg seed-small` wrote through real LangGraph; MANIFEST is its
+manifest (subjects, their threads and store prefixes). A snapshot holds, per subject, every row
+of LangGraph's checkpoint tables for its threads, its thread_registry rows, its store and
+store_vectors rows (namespace labels matched exactly), and its Redis keys with their values
+(DUMP) and whether they expire. `compare` exits 1 unless the erased subject has nothing left
+and every other subject kept every row and key, byte for byte.
+"""
+
+import json
+import sys
+
+import psycopg
+import redis
+
+# Key layout of the session cache: `{tenant}:{subject}:...`. A subject whose identifiers hold
+# the separator has no keys: its keys would be another subject's too.
+SEP = ":"
+
+
+def subjects(manifest):
+    return json.load(open(manifest))["subjects"]
+
+
+def cache_prefix(s):
+    t, u = s["tenant_id"], s["user_id"]
+    if SEP in t or SEP in u:
+        return None
+    return f"{t}{SEP}{u}{SEP}"
+
+
+def redis_seed(manifest, url):
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    for s in subjects(manifest):
+        p = cache_prefix(s)
+        if p is None:
+            continue
+        r.set(p + "session:last-prompt", f"prompt of {s['user_id']}")
+        r.hset(p + "profile", mapping={"name": s["user_id"], "tier": "gold"})
+        r.rpush(p + "history", "q1", "q2", "q3")
+        r.set(p + "session:expiring", "soon", ex=3600)
+
+
+def in_prefix(prefix, root):
+    return prefix == root or prefix.startswith(root + ".")
+
+
+def snapshot(manifest, pg_url, redis_url, out):
+    subs = subjects(manifest)
+    snap = {}
+    r = redis.Redis.from_url(redis_url)
+    all_keys = sorted(k.decode("utf-8", "surrogateescape") for k in r.scan_iter(count=1000))
+    with psycopg.connect(pg_url) as c:
+        rows = {}
+        for table in ("checkpoints", "checkpoint_blobs", "checkpoint_writes"):
+            rows[table] = c.execute(
+                f"SELECT thread_id, row_to_json(t)::text FROM {table} t ORDER BY 2"
+            ).fetchall()
+        registry = c.execute(
+            "SELECT tenant_id, user_id, row_to_json(t)::text FROM thread_registry t ORDER BY 3"
+        ).fetchall()
+        store = c.execute("SELECT prefix, row_to_json(t)::text FROM store t ORDER BY 2").fetchall()
+        # store_vectors exists where the store was set up with an index (pgvector).
+        has_vectors = c.execute("SELECT to_regclass('store_vectors') IS NOT NULL").fetchone()[0]
+        vectors = (
+            c.execute(
+                "SELECT prefix, key, field_name, embedding::text FROM store_vectors "
+                "ORDER BY 1, 2, 3"
+            ).fetchall()
+            if has_vectors
+            else []
+        )
+    for s in subs:
+        t, u = s["tenant_id"], s["user_id"]
+        threads = {th["thread_id"] for th in s["threads"]}
+        root = s["store_prefix"]
+        got = {
+            table: [row for tid, row in rows[table] if tid in threads] for table in rows
+        }
+        got["thread_registry"] = [row for rt, ru, row in registry if (rt, ru) == (t, u)]
+        got["store"] = [row for p, row in store if in_prefix(p, root)]
+        got["store_vectors"] = [list(v) for v in vectors if in_prefix(v[0], root)]
+        p = cache_prefix(s)
+        keys = [k for k in all_keys if p is not None and k.startswith(p)]
+        got["redis"] = [[k, r.dump(k).hex(), r.ttl(k) > 0] for k in keys]
+        snap[f"{t}/{u}"] = got
+    json.dump(snap, open(out, "w"), indent=1, sort_keys=True)
+
+
+def compare(manifest, before_path, after_path, tenant, subject):
+    before, after = json.load(open(before_path)), json.load(open(after_path))
+    target = f"{tenant}/{subject}"
+    problems = []
+    for name, rows in after[target].items():
+        if rows:
+            problems.append(f"{target}: {len(rows)} {name} left")
+    erased = sum(len(v) for v in before[target].values())
+    if erased == 0:
+        problems.append(f"{target} had nothing to erase: the scenario is wrong")
+    others = [k for k in before if k != target]
+    changed = [k for k in others if before[k] != after[k]]
+    problems += [f"{k}: changed" for k in changed]
+    kept = sum(sum(len(v) for v in before[k].values()) for k in others)
+    print(
+        f"validation: {target}: {erased} rows and keys before, "
+        f"{sum(len(v) for v in after[target].values())} after; "
+        f"{len(others)} other subjects ({kept} rows and keys), {len(changed)} changed"
+    )
+    for p in problems:
+        print("  problem:", p)
+    return 0 if not problems else 1
+
+
+def main(argv):
+    cmd, args = argv[1], argv[2:]
+    if cmd == "redis-seed":
+        redis_seed(*args)
+        return 0
+    if cmd == "snapshot":
+        snapshot(*args)
+        return 0
+    if cmd == "compare":
+        return compare(*args)
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
