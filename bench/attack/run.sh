@@ -9,7 +9,8 @@
 # Each attack runs beside a probe at rest first (the same probe, no attack), so the latency is
 # also reported as a ratio to rest. Writes bench/out/attack-*.json and prints a summary.
 # Env: LETHE_BIN (measure this binary instead of building one, e.g. an older commit's, for a
-# before/after), HOLD (seconds each attack is held, default 10), CONNS (default 4100),
+# before/after; LETHE_COMMIT then names its commit in the results), HOLD (seconds each attack is
+# held, default 10), CONNS (default 4100),
 # BODIES (default 100).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,4 +45,4 @@ ADDR=$(sed -n 's#^Listening on http://##p' "$WORK/serve.out")
 python3 bench/attack/attack.py --addr "$ADDR" --pid "$SERVER_PID" \
     --token-file "$WORK/d/runtime.token" --hold "${HOLD:-10}" \
     --conns "${CONNS:-4100}" --bodies "${BODIES:-100}" \
-    --commit "$(git rev-parse --short HEAD)" --out "$OUT"
+    --commit "${LETHE_COMMIT:-$(git rev-parse --short HEAD)}" --out "$OUT"

@@ -244,13 +244,6 @@ fn open_engine_probing(config: &Path) -> Result<Engine, Exit> {
     Ok(Engine::open_probing(cfg, Arc::new(SystemClock))?)
 }
 
-fn pause_from_env() -> Option<(String, std::path::PathBuf)> {
-    // Test-only fault injection; see RunOptions::pause_at.
-    let at = std::env::var("LETHE_TEST_PAUSE_AT").ok()?;
-    let file = std::env::var("LETHE_TEST_PAUSE_FILE").ok()?;
-    Some((at, file.into()))
-}
-
 /// Where progress lines go.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ProgressTo {
@@ -471,7 +464,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             let engine = open_engine_probing(&config)?;
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
-                pause_at: pause_from_env(),
+                pause_at: lethe_engine::pause_from_env(),
                 reinventory: false,
             };
             let req = Request {
@@ -508,7 +501,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             let engine = open_engine_probing(&config)?;
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
-                pause_at: pause_from_env(),
+                pause_at: lethe_engine::pause_from_env(),
                 reinventory,
             };
             let o = engine.resume(&job_id, &opts, &mut progress_printer(progress_to(json)))?;
@@ -522,7 +515,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             let engine = open_engine(&config)?;
             let opts = RunOptions {
                 drain_timeout: Duration::from_secs(drain_timeout),
-                pause_at: pause_from_env(),
+                pause_at: lethe_engine::pause_from_env(),
                 reinventory: false,
             };
             let outs = engine.work(&opts, &mut progress_printer(progress_to(json)))?;

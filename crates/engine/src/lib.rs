@@ -112,7 +112,8 @@ pub struct RunOptions {
     /// How long to wait for earlier permits to drain before blocking.
     pub drain_timeout: Duration,
     /// Test-only fault injection: pause forever at this named point after writing the marker
-    /// file, so a test can SIGKILL the process exactly there.
+    /// file, so a test can SIGKILL the process exactly there. Honoured only in a build with the
+    /// `test-pause` feature ([`pause_from_env`]).
     pub pause_at: Option<(String, PathBuf)>,
     /// On resume of a job blocked by `residue`: add the rows now in scope to the inventory of
     /// each target that found residue, and erase them too. An operator's decision, journaled.
@@ -127,6 +128,20 @@ impl Default for RunOptions {
             reinventory: false,
         }
     }
+}
+
+/// The pause point a test asks for through `LETHE_TEST_PAUSE_AT` and `LETHE_TEST_PAUSE_FILE`,
+/// in a build with the `test-pause` feature (the CLI's tests turn it on through a
+/// dev-dependency); always `None` otherwise, and neither name is in such a build.
+pub fn pause_from_env() -> Option<(String, PathBuf)> {
+    #[cfg(feature = "test-pause")]
+    {
+        let at = std::env::var("LETHE_TEST_PAUSE_AT").ok()?;
+        let file = std::env::var("LETHE_TEST_PAUSE_FILE").ok()?;
+        Some((at, file.into()))
+    }
+    #[cfg(not(feature = "test-pause"))]
+    None
 }
 
 /// Where a job ended up.

@@ -70,7 +70,21 @@ enum Checked {
     Residue(u64),
 }
 
+/// A test's pause point: the run writes `RunOptions::pause_at`'s marker file and waits while it
+/// exists, so a test can kill the process exactly there. Compiled only with the `test-pause`
+/// feature (the CLI's tests turn it on): a release build holds neither the points nor their
+/// names.
+macro_rules! pause_point {
+    ($engine:expr, $opts:expr, $($point:tt)+) => {
+        #[cfg(feature = "test-pause")]
+        $engine.pause_point($opts, &format!($($point)+));
+        #[cfg(not(feature = "test-pause"))]
+        let _ = &$opts;
+    };
+}
+
 impl Engine {
+    #[cfg(feature = "test-pause")]
     fn pause_point(&self, opts: &RunOptions, point: &str) {
         if let Some((at, marker)) = &opts.pause_at {
             if at == point {
@@ -714,7 +728,7 @@ impl Engine {
         opts: &RunOptions,
     ) -> Result<lethe_adapters::Inventory, AdapterError> {
         let mut inv = t.adapter.inventory(scope)?;
-        self.pause_point(opts, &format!("after-inventory-read:{}", t.name));
+        pause_point!(self, opts, "after-inventory-read:{}", t.name);
         let Some(g) = t.adapter.guard() else {
             return Ok(inv);
         };
@@ -807,7 +821,7 @@ impl Engine {
         if let Step::Blocked = self.take_inventories(job, opts, progress)? {
             return Ok(Step::Blocked);
         }
-        self.pause_point(opts, "after-inventory");
+        pause_point!(self, opts, "after-inventory");
         self.journal
             .record(&self.now_rfc3339(), &job.job_id, &Entry::Drained)?;
         Ok(Step::Next)
@@ -868,7 +882,7 @@ impl Engine {
                 Ok(n) => n,
                 Err(e) => return Ok(Some(e)),
             };
-            self.pause_point(opts, &format!("after-batch-commit:{}:{}", t.name, i + 1));
+            pause_point!(self, opts, "after-batch-commit:{}:{}", t.name, i + 1);
             let entry = Entry::BatchErased {
                 target: t.name.clone(),
                 locators: batch.len() as u64,
@@ -894,7 +908,7 @@ impl Engine {
                 done,
                 total: locators.len(),
             });
-            self.pause_point(opts, &format!("after-batch-journal:{}:{}", t.name, i + 1));
+            pause_point!(self, opts, "after-batch-journal:{}:{}", t.name, i + 1);
         }
         if batches_len == 0 {
             self.journal
@@ -926,7 +940,7 @@ impl Engine {
                 return self.block_on(&job.job_id, &t.name, e);
             }
         }
-        self.pause_point(opts, "before-verify");
+        pause_point!(self, opts, "before-verify");
         self.journal
             .record(&self.now_rfc3339(), &job.job_id, &Entry::TargetsErased)?;
         Ok(Step::Next)
@@ -982,7 +996,7 @@ impl Engine {
         if let Step::Blocked = self.guards(job, "fence_opened", |g, f| g.open(f))? {
             return Ok(Step::Blocked);
         }
-        self.pause_point(opts, "before-complete");
+        pause_point!(self, opts, "before-complete");
         // The certificate is built from the job's row and progress: they must say what the
         // chain recorded, or an edit of those tables would be signed.
         self.refuse_if_projection_edited(&job.job_id, "no certificate is signed")?;
@@ -1014,7 +1028,7 @@ impl Engine {
         // journal (`certificate_file`).
         self.journal
             .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
-        self.pause_point(opts, "before-certificate-file");
+        pause_point!(self, opts, "before-certificate-file");
         self.write_certificate(&job.job_id, &signed)?;
         if let Some(g) = &self.gate {
             g.job_completed(&job.job_id);
