@@ -10,28 +10,140 @@
 
 pub mod conformance;
 pub mod guard;
-pub mod langgraph_postgres_checkpointer;
-pub mod langgraph_postgres_store;
-pub mod langgraph_sqlite_checkpointer;
-pub mod langgraph_sqlite_store;
 mod namespace;
 mod postgres;
 mod postgres_guard;
-pub mod redis;
 pub mod registry;
 mod sqlite;
+
+/// The closed table of adapter kinds; [`kinds!`] makes the rest of it.
+///
+/// A kind is one folder `src/<module>/` (its `mod.rs` exposes `Config` with
+/// `Config::parse(toml::Table, &Path) -> Result<Config, String>` and
+/// `Config::build(self, name: &str) -> impl Adapter`) and one line here: its variant, the kind
+/// string config names it by, its module, and the asset classes it can honestly claim.
+macro_rules! kinds {
+    ($( $(#[doc = $doc:literal])* $variant:ident = $name:literal, $module:ident, $classes:expr; )+) => {
+        $( pub mod $module; )+
+
+        /// Every adapter kind Lethe has.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Kind {
+            $( $(#[doc = $doc])* $variant, )+
+        }
+
+        impl Kind {
+            /// Every kind, for help and error messages.
+            pub const ALL: &'static [Kind] = &[$( Kind::$variant ),+];
+
+            /// The kind string config uses.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( Kind::$variant => $name, )+
+                }
+            }
+
+            /// The asset classes a target of this kind may be configured as: what its store
+            /// can honestly be said to hold.
+            pub fn classes(self) -> &'static [&'static str] {
+                match self {
+                    $( Kind::$variant => $classes, )+
+                }
+            }
+
+            /// Parses a target's kind-specific keys and builds its adapter. Touches no store.
+            pub(crate) fn build(
+                self,
+                table: toml::Table,
+                base: &std::path::Path,
+                name: &str,
+            ) -> Result<Box<dyn Adapter>, String> {
+                Ok(match self {
+                    $( Kind::$variant => Box::new($module::Config::parse(table, base)?.build(name)), )+
+                })
+            }
+        }
+    };
+}
+
+/// Classes a store of agent state can be: the memory itself, or a copy derived from it.
+const STATE: &[&str] = &["primary", "projection", "summary", "prompt-snapshot"];
+/// [`STATE`], and the vectors a LangGraph store indexes its items by.
+const STORE: &[&str] = &[
+    "primary",
+    "projection",
+    "summary",
+    "prompt-snapshot",
+    "vector-index",
+];
+/// A key-value server: agent state, a cache, a queue, or an index kept in keys.
+const KEYS: &[&str] = &[
+    "primary",
+    "projection",
+    "summary",
+    "prompt-snapshot",
+    "cache",
+    "queue",
+    "vector-index",
+    "keyword-index",
+];
+
+kinds! {
+    /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
+    LanggraphSqliteCheckpointer = "langgraph-sqlite-checkpointer", langgraph_sqlite_checkpointer, STATE;
+    /// LangGraph `SqliteStore` tables: `store`, `store_vectors`.
+    LanggraphSqliteStore = "langgraph-sqlite-store", langgraph_sqlite_store, STORE;
+    /// LangGraph `PostgresSaver` tables: `checkpoints`, `checkpoint_blobs`, `checkpoint_writes`.
+    LanggraphPostgresCheckpointer = "langgraph-postgres-checkpointer", langgraph_postgres_checkpointer, STATE;
+    /// LangGraph `PostgresStore` tables: `store`, `store_vectors`.
+    LanggraphPostgresStore = "langgraph-postgres-store", langgraph_postgres_store, STORE;
+    /// Keys on a Redis server or every primary of a Redis Cluster.
+    Redis = "redis", redis, KEYS;
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Kind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// The anomaly guard, one rule for every adapter: an erase step that deleted more than the
+/// frozen inventory allows for it fails with [`AdapterError::AnomalousVolume`]. Each adapter
+/// calls it before it commits the step (dropping the transaction rolls it back); the engine
+/// then blocks the job (`anomalous_volume`). That is how a scope wider than its inventory is
+/// caught before it spreads.
+pub(crate) fn within_inventory(
+    target: &str,
+    expected: u64,
+    found: u64,
+) -> Result<(), AdapterError> {
+    if found > expected {
+        return Err(AdapterError::AnomalousVolume {
+            target: target.to_string(),
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
 
 use lethe_core::{Scope, Version};
 
 pub use guard::{Fence, Guard, GuardStatus};
 pub use postgres_guard::VERSION as GUARD_VERSION;
-pub use registry::{build, Kind, Target, TargetConfigError};
+pub use registry::{build, Target, TargetConfigError};
 
 /// What an adapter says about itself.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Description {
-    /// The adapter kind, as config names it.
-    pub kind: &'static str,
+    /// The adapter kind.
+    pub kind: Kind,
     /// The adapter's version: changes when what it erases or how it counts changes.
     pub version: &'static str,
     /// What it can do: scope kinds it expresses, hidden rows it counts.

@@ -6,57 +6,7 @@
 use std::fmt;
 use std::path::Path;
 
-use crate::{
-    langgraph_postgres_checkpointer, langgraph_postgres_store, langgraph_sqlite_checkpointer,
-    langgraph_sqlite_store, redis, Adapter,
-};
-
-/// Every adapter kind Lethe has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
-    LanggraphSqliteCheckpointer,
-    /// LangGraph `SqliteStore` tables: `store`, `store_vectors`.
-    LanggraphSqliteStore,
-    /// LangGraph `PostgresSaver` tables: `checkpoints`, `checkpoint_blobs`, `checkpoint_writes`.
-    LanggraphPostgresCheckpointer,
-    /// LangGraph `PostgresStore` tables: `store`, `store_vectors`.
-    LanggraphPostgresStore,
-    /// Keys on a Redis server or every primary of a Redis Cluster.
-    Redis,
-}
-
-impl Kind {
-    /// Every kind, for help and error messages.
-    pub const ALL: [Kind; 5] = [
-        Kind::LanggraphSqliteCheckpointer,
-        Kind::LanggraphSqliteStore,
-        Kind::LanggraphPostgresCheckpointer,
-        Kind::LanggraphPostgresStore,
-        Kind::Redis,
-    ];
-
-    /// The kind string config uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::LanggraphSqliteCheckpointer => "langgraph-sqlite-checkpointer",
-            Kind::LanggraphSqliteStore => "langgraph-sqlite-store",
-            Kind::LanggraphPostgresCheckpointer => "langgraph-postgres-checkpointer",
-            Kind::LanggraphPostgresStore => "langgraph-postgres-store",
-            Kind::Redis => "redis",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Kind> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::{Adapter, Kind};
 
 /// What a target holds (DESIGN.md "asset class").
 pub const CLASSES: [&str; 14] = [
@@ -138,6 +88,18 @@ pub enum TargetConfigError {
         /// The known classes.
         known: String,
     },
+    /// `class` is an asset class this kind of store cannot hold.
+    #[error("target {name}: a {kind} target cannot be of class '{class}'; its classes: {allowed}")]
+    ClassNotHeld {
+        /// Target name.
+        name: String,
+        /// Its kind.
+        kind: Kind,
+        /// What was given.
+        class: String,
+        /// The classes the kind may claim.
+        allowed: String,
+    },
     /// A kind-specific key is wrong (unknown key, wrong type, bad value).
     #[error("target {name} ({kind}): {why}")]
     Invalid {
@@ -177,11 +139,19 @@ pub fn build(
     let name = take_str(&mut table, "name", index)?;
     let kind_str = take_str(&mut table, "kind", index)?;
     let class = take_str(&mut table, "class", index)?;
-    let kind = Kind::parse(&kind_str).ok_or_else(|| TargetConfigError::UnknownKind {
-        name: name.clone(),
-        kind: kind_str,
-        known: Kind::ALL.map(Kind::as_str).join(", "),
-    })?;
+    let kind = Kind::ALL
+        .iter()
+        .copied()
+        .find(|k| k.as_str() == kind_str)
+        .ok_or_else(|| TargetConfigError::UnknownKind {
+            name: name.clone(),
+            kind: kind_str,
+            known: Kind::ALL
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
     if !CLASSES.contains(&class.as_str()) {
         return Err(TargetConfigError::UnknownClass {
             name,
@@ -189,38 +159,22 @@ pub fn build(
             known: CLASSES.join(", "),
         });
     }
+    // A class is a claim the certificate signs: one the store cannot hold would be read by
+    // an auditor as a fact (a SQLite checkpointer listed as a `backup`).
+    if !kind.classes().contains(&class.as_str()) {
+        return Err(TargetConfigError::ClassNotHeld {
+            name,
+            kind,
+            class,
+            allowed: kind.classes().join(", "),
+        });
+    }
     let invalid = |why: String| TargetConfigError::Invalid {
         name: name.clone(),
         kind,
         why,
     };
-    let adapter: Box<dyn Adapter> = match kind {
-        Kind::LanggraphSqliteCheckpointer => Box::new(
-            langgraph_sqlite_checkpointer::Config::parse(table, base)
-                .map_err(invalid)?
-                .build(&name),
-        ),
-        Kind::LanggraphSqliteStore => Box::new(
-            langgraph_sqlite_store::Config::parse(table, base)
-                .map_err(invalid)?
-                .build(&name),
-        ),
-        Kind::LanggraphPostgresCheckpointer => Box::new(
-            langgraph_postgres_checkpointer::Config::parse(table, base)
-                .map_err(invalid)?
-                .build(&name),
-        ),
-        Kind::LanggraphPostgresStore => Box::new(
-            langgraph_postgres_store::Config::parse(table, base)
-                .map_err(invalid)?
-                .build(&name),
-        ),
-        Kind::Redis => Box::new(
-            redis::Config::parse(table, base)
-                .map_err(invalid)?
-                .build(&name),
-        ),
-    };
+    let adapter = kind.build(table, base, &name).map_err(invalid)?;
     Ok(Target {
         name,
         kind,
@@ -261,6 +215,36 @@ mod tests {
 
     fn target(lines: &str) -> Target {
         build(1, toml::from_str(lines).unwrap(), Path::new(".")).unwrap()
+    }
+
+    /// A class is a claim the certificate signs: a kind accepts only the classes its store can
+    /// hold, and refuses another naming the target and the classes it may claim; every kind's
+    /// classes are asset classes.
+    #[test]
+    fn a_class_the_store_cannot_hold_is_refused_naming_the_target() {
+        let table = |class: &str| {
+            toml::from_str::<toml::Table>(&format!(
+                "name = \"history\"\nkind = \"langgraph-sqlite-checkpointer\"\nclass = \"{class}\"\n\
+                 path = \"x.db\"\nmetadata = {{ tenant = \"t\", subject = \"s\" }}\n"
+            ))
+            .unwrap()
+        };
+        for class in ["backup", "key", "cache", "trace"] {
+            let e = build(1, table(class), Path::new("."))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("target history") && e.contains(&format!("'{class}'")),
+                "{class}: {e}"
+            );
+            assert!(e.contains("its classes: primary"), "{e}");
+        }
+        assert!(build(1, table("summary"), Path::new(".")).is_ok());
+        for k in Kind::ALL {
+            assert!(!k.classes().is_empty());
+            assert!(k.classes().iter().all(|c| CLASSES.contains(c)), "{k}");
+            assert!(!k.classes().contains(&"backup"), "{k}");
+        }
     }
 
     /// A target's place names its database and schema (PostgreSQL), its Redis database and

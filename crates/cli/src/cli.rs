@@ -404,7 +404,7 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
                 for (n, d, c, e) in &rows {
                     t.row(vec![
                         n.clone(),
-                        d.kind.into(),
+                        d.kind.to_string(),
                         d.version.into(),
                         c.clone(),
                         e.clone().map_or("yes".into(), |e| format!("no: {e}")),

@@ -264,7 +264,7 @@ impl Checkpointer {
 impl Adapter for Checkpointer {
     fn describe(&self) -> Description {
         Description {
-            kind: "langgraph-postgres-checkpointer",
+            kind: crate::Kind::LanggraphPostgresCheckpointer,
             version: "1",
             capabilities: vec![
                 "scope:subject",
@@ -426,13 +426,8 @@ impl Adapter for Checkpointer {
                 }
                 Ok(n)
             })?;
-            if found > expect_threads {
-                return Err(AdapterError::AnomalousVolume {
-                    target: self.name.clone(),
-                    expected: expect_threads,
-                    found,
-                });
-            }
+            // Committed above only within the inventory (else rolled back); refused here.
+            crate::within_inventory(&self.name, expect_threads, found)?;
             deleted += found;
         }
         if !registry.is_empty() {
@@ -456,13 +451,8 @@ impl Adapter for Checkpointer {
                 }
                 Ok(n)
             })?;
-            if found > expect_registry {
-                return Err(AdapterError::AnomalousVolume {
-                    target: self.name.clone(),
-                    expected: expect_registry,
-                    found,
-                });
-            }
+            // Committed above only within the inventory (else rolled back); refused here.
+            crate::within_inventory(&self.name, expect_registry, found)?;
             deleted += found;
         }
         Ok(deleted)

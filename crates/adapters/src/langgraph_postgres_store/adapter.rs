@@ -140,7 +140,7 @@ impl Store {
 impl Adapter for Store {
     fn describe(&self) -> Description {
         Description {
-            kind: "langgraph-postgres-store",
+            kind: crate::Kind::LanggraphPostgresStore,
             version: "1",
             capabilities: vec![
                 "scope:subject",
@@ -282,13 +282,8 @@ impl Adapter for Store {
             }
             Ok(n)
         })?;
-        if found > expected {
-            return Err(AdapterError::AnomalousVolume {
-                target: self.name.clone(),
-                expected,
-                found,
-            });
-        }
+        // Committed above only within the inventory (else rolled back); refused here.
+        crate::within_inventory(&self.name, expected, found)?;
         Ok(found)
     }
 

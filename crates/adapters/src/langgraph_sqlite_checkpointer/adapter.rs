@@ -345,14 +345,8 @@ impl Checkpointer {
             }
         }
         let expected: u64 = threads.iter().map(|(_, n)| n).sum();
-        if deleted > expected {
-            // Dropping the transaction rolls it back.
-            return Err(AdapterError::AnomalousVolume {
-                target: self.name.clone(),
-                expected,
-                found: deleted,
-            });
-        }
+        // Dropping the transaction rolls the step back.
+        crate::within_inventory(&self.name, expected, deleted)?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(deleted)
     }
@@ -395,13 +389,8 @@ impl Checkpointer {
             }
         }
         let expected: u64 = threads.iter().map(|(_, n)| n).sum();
-        if deleted > expected {
-            return Err(AdapterError::AnomalousVolume {
-                target: self.name.clone(),
-                expected,
-                found: deleted,
-            });
-        }
+        // Dropping the transaction rolls the step back.
+        crate::within_inventory(&self.name, expected, deleted)?;
         tx.commit().map_err(|e| self.err(e))?;
         Ok(deleted)
     }
@@ -410,7 +399,7 @@ impl Checkpointer {
 impl Adapter for Checkpointer {
     fn describe(&self) -> Description {
         Description {
-            kind: "langgraph-sqlite-checkpointer",
+            kind: crate::Kind::LanggraphSqliteCheckpointer,
             version: "1",
             capabilities: vec![
                 "scope:subject",

@@ -140,7 +140,7 @@ impl Store {
 impl Adapter for Store {
     fn describe(&self) -> Description {
         Description {
-            kind: "langgraph-sqlite-store",
+            kind: crate::Kind::LanggraphSqliteStore,
             version: "1",
             capabilities: vec![
                 "scope:subject",
@@ -298,14 +298,8 @@ impl Adapter for Store {
             }
         }
         let expected: u64 = batch.iter().map(|(_, n)| n).sum();
-        if deleted > expected {
-            // Dropping the transaction rolls it back.
-            return Err(AdapterError::AnomalousVolume {
-                target: self.name.clone(),
-                expected,
-                found: deleted,
-            });
-        }
+        // Dropping the transaction rolls the step back.
+        crate::within_inventory(&self.name, expected, deleted)?;
         tx.commit().map_err(e)?;
         Ok(deleted)
     }

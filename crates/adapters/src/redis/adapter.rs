@@ -789,7 +789,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 impl Adapter for Redis {
     fn describe(&self) -> Description {
         Description {
-            kind: "redis",
+            kind: crate::Kind::Redis,
             // The certificate carries the version, not the capabilities: a job that verified
             // only its frozen keys says so there.
             version: if matches!(self.mode, Mode::Scan) && self.verify == Verify::Frozen {
@@ -988,13 +988,9 @@ impl Adapter for Redis {
             .filter_map(Reply::int)
             .sum::<i64>() as u64;
         let expected: u64 = batch.iter().map(|(_, r)| r).sum();
-        if n > expected {
-            return Err(AdapterError::AnomalousVolume {
-                target: self.name.clone(),
-                expected,
-                found: n,
-            });
-        }
+        // UNLINK names frozen keys only, so more is a bug (it cannot be rolled back); refused all
+        // the same, so the job blocks.
+        crate::within_inventory(&self.name, expected, n)?;
         // Every replica of each primary written to acknowledges the UNLINKs, or the step is
         // unavailable (BLOCKED, resumed later): a replica that missed them could be promoted
         // and serve the keys again after the certificate (shown live by review, 2026-12-04).
