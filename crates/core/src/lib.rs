@@ -1,4 +1,4 @@
-//! Lethe's pure core: the words of DESIGN.md as types, and nothing that touches a store.
+//! Lethe's pure core: the words of docs/design.md as types, and nothing that touches a store.
 //!
 //! - [`ident`]: identifiers (tenant, subject, memory id, version) as validated newtypes.
 //! - [`scope`]: what one request erases, its canonical encoding and its keyed hash.

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! FROZEN may block too: permits issued before the freeze that do not drain keep the job from
-//! ever reaching DELETING (DESIGN.md, "A job's life"). COMPLETE is final: no event leaves it.
+//! ever reaching DELETING (docs/design.md, "A job's life"). COMPLETE is final: no event leaves it.
 
 use std::fmt;
 
@@ -197,7 +197,7 @@ mod tests {
         v
     }
 
-    /// The whole table, every (state, event) pair: what DESIGN.md draws and nothing else.
+    /// The whole table, every (state, event) pair: what docs/design.md draws and nothing else.
     #[test]
     fn transition_table_is_exactly_the_design() {
         let expected = |s: S, e: E| -> Option<S> {

@@ -134,7 +134,7 @@ fn tls_ca() -> String {
     std::env::var("LETHE_PG_TLS_CA").unwrap_or_else(|_| "/var/tmp/lethe-pgtls.certs/ca.pem".into())
 }
 
-/// Runs each test body against both backends: one shared suite (DESIGN.md, "Where it runs").
+/// Runs each test body against both backends: one shared suite (docs/design.md, "Where it runs").
 macro_rules! both {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
