@@ -13,9 +13,14 @@
 #
 # Needs: the servers and template of scripts/test (LETHE_PG15_URL, LETHE_PG18_URL,
 # LETHE_PG_TEMPLATE), the venv (scripts/pg venv), psql, and a built lethe (LETHE_BIN, default
-# target/debug/lethe). Exit 1 when a check fails.
+# target/debug/lethe, built here with the test-pause feature). Exit 1 when a check fails.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The binary holds the test pause points only when built with the test-pause feature (a plain
+# `cargo build` leaves them out).
+if [ -z "${LETHE_BIN:-}" ]; then
+    cargo build --quiet --locked -p lethe-cli --features test-pause
+fi
 LETHE=${LETHE_BIN:-target/debug/lethe}
 TEMPLATE=${LETHE_PG_TEMPLATE:-lethe_tpl}
 PY=$(scripts/pg python)

@@ -1,6 +1,6 @@
 //! The database guard contract: a sink that refuses stale and fenced writes by itself.
 //!
-//! docs/design.md, "Sinks enforce it too": a store that accepts memory writes checks the fencing
+//! docs/design.md ("The gate", sinks): a store that accepts memory writes checks the fencing
 //! token, so a stale worker, an expired outbox or a recovery task cannot write around the gate.
 //! An adapter whose store can hold such a guard returns one from [`crate::Adapter::guard`]; the
 //! engine keeps it current during each job (close the fence at FROZEN, record what each

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::{Adapter, Kind};
 
-/// What a target holds (docs/design.md "asset class").
+/// What a target holds (docs/design.md, "Words": class).
 pub const CLASSES: [&str; 14] = [
     "primary",
     "projection",

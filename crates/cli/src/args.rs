@@ -84,31 +84,7 @@ pub enum Command {
 
 Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `lethe resume`),
 4 held, 2 bad input (nothing touched).")]
-    Erase {
-        #[command(flatten)]
-        scope: ScopeArgs,
-        /// Legal basis.
-        #[arg(long, value_parser = ["gdpr-art17", "ccpa", "account-closure", "tenant-offboarding"])]
-        basis: String,
-        /// The privacy ticket this erasure answers (e.g. DSR-1234; at most 256 bytes).
-        #[arg(long)]
-        ticket: String,
-        /// Deadline, YYYY-MM-DD. Default: the basis's (GDPR one month from today, CCPA 45
-        /// days, others 30 days). Past that needs --extension-reason.
-        #[arg(long)]
-        deadline: Option<String>,
-        /// Why the deadline is extended (GDPR: up to two more months; CCPA: 45 more days).
-        #[arg(long)]
-        extension_reason: Option<String>,
-        /// Seconds to wait for agent work that held permits before the freeze to finish.
-        /// Work that does not drain leaves the job BLOCKED (undrained), never COMPLETE.
-        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
-        drain_timeout: u64,
-        /// Print JSON: {"job_id", "continued", "state", "blocked_reason", "blocked_target",
-        /// "certificate"}.
-        #[arg(long)]
-        json: bool,
-    },
+    Erase(EraseArgs),
     /// Count what is left for a scope in every target, hidden rows included (expired items,
     /// orphaned vectors). Exit 1 if anything is left.
     #[command(after_help = "Examples:
@@ -202,6 +178,34 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
         #[command(subcommand)]
         command: GuardCommand,
     },
+}
+
+/// `lethe erase`'s arguments.
+#[derive(ClapArgs, Debug)]
+pub struct EraseArgs {
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    /// Legal basis.
+    #[arg(long, value_parser = ["gdpr-art17", "ccpa", "account-closure", "tenant-offboarding"])]
+    pub basis: String,
+    /// The privacy ticket this erasure answers (e.g. DSR-1234; at most 256 bytes).
+    #[arg(long)]
+    pub ticket: String,
+    /// Deadline, YYYY-MM-DD. Default: the basis's (GDPR one month from today, CCPA 45
+    /// days, others 30 days). Past that needs --extension-reason.
+    #[arg(long)]
+    pub deadline: Option<String>,
+    /// Why the deadline is extended (GDPR: up to two more months; CCPA: 45 more days).
+    #[arg(long)]
+    pub extension_reason: Option<String>,
+    /// Seconds to wait for agent work that held permits before the freeze to finish.
+    /// Work that does not drain leaves the job BLOCKED (undrained), never COMPLETE.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub drain_timeout: u64,
+    /// Print JSON: {"job_id", "continued", "state", "blocked_reason", "blocked_target",
+    /// "certificate"}.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `lethe guard ...`

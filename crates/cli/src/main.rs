@@ -1,14 +1,15 @@
 //! `lethe`: erase a person's AI-agent memory everywhere it lives, and prove it.
 //!
-//! This file only parses arguments, sets up logging and hands over to [`cli::run`].
+//! This file only parses arguments, sets up logging and hands over to [`commands::run`].
 
 #[macro_use]
 mod output; // first: its `outln!` and `out!` are used by the others
 mod args;
-mod cli;
-mod demo;
-mod guard;
-mod serve;
+mod commands;
+mod exit;
+mod open;
+mod progress;
+mod scope_input;
 
 use std::io::IsTerminal;
 
@@ -31,7 +32,7 @@ fn main() {
         // Colour only on a terminal: not in a file, a pipe, journald or a CI log.
         .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
         .init();
-    std::process::exit(cli::run(args));
+    std::process::exit(commands::run(args));
 }
 
 /// clap's own message, except that an unexpected argument is not repeated unless clap knows the

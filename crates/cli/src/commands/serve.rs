@@ -10,7 +10,7 @@ use lethe_core::clock::SystemClock;
 use lethe_engine::{Config, Engine};
 use lethe_journal::Journal;
 
-use crate::cli::{bad, Exit};
+use crate::exit::{bad, Exit};
 
 /// Shortest token accepted: a bearer token is a password.
 const MIN_TOKEN_LEN: usize = 16;

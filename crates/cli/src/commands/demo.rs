@@ -9,13 +9,15 @@ use std::time::Duration;
 use lethe_core::{Basis, Scope, Subject, Tenant};
 use lethe_engine::{Request, RunOptions};
 
-use crate::cli::{bad, open_engine, print_outcome, progress_printer, Exit, ProgressTo};
+use crate::exit::{bad, Exit};
+use crate::open::open_engine;
 use crate::output::Table;
+use crate::progress::{print_outcome, progress_printer, ProgressTo};
 
 const CHECKPOINTS: &[u8] =
-    include_bytes!("../../../tests/fixtures/langgraph-sqlite/checkpoints.db");
-const STORE: &[u8] = include_bytes!("../../../tests/fixtures/langgraph-sqlite/store.db");
-const APP: &[u8] = include_bytes!("../../../tests/fixtures/langgraph-sqlite/app.db");
+    include_bytes!("../../../../tests/fixtures/langgraph-sqlite/checkpoints.db");
+const STORE: &[u8] = include_bytes!("../../../../tests/fixtures/langgraph-sqlite/store.db");
+const APP: &[u8] = include_bytes!("../../../../tests/fixtures/langgraph-sqlite/app.db");
 
 const CONFIG: &str = r#"# Written by `lethe demo`. Every key is documented in Lethe's README (config reference).
 [control]

@@ -9,7 +9,7 @@ use lethe_engine::Config;
 use serde_json::json;
 
 use crate::args::GuardCommand;
-use crate::cli::{bad, Exit};
+use crate::exit::{bad, Exit};
 use crate::output::{print_json, Table};
 
 fn guardable(t: &Target) -> bool {

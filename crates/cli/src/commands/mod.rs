@@ -1,0 +1,60 @@
+//! One module a command (or a group of them); this one routes a parsed command line to it,
+//! prints a failure, and opens the engine for the commands that need it.
+
+mod certificate;
+mod demo;
+mod erase;
+mod guard;
+mod hold;
+mod jobs;
+mod journal;
+mod scope;
+mod serve;
+mod targets;
+
+use crate::args::{Args, Command, JobCommand, JournalCommand};
+use crate::exit::Exit;
+
+/// Runs a command; returns the exit code.
+pub fn run(args: Args) -> i32 {
+    match dispatch(args) {
+        Ok(code) => code,
+        Err(Exit(code, e)) => {
+            eprintln!("error: {e:#}");
+            crate::output::json_error(code, &format!("{e:#}"));
+            code
+        }
+    }
+}
+
+fn dispatch(args: Args) -> Result<i32, Exit> {
+    let config = args.config;
+    match args.command {
+        Command::Demo { dir } => demo::run(&dir),
+        Command::Serve { listen } => serve::run(&config, listen),
+        Command::Targets { json } => targets::run(&config, json),
+        Command::Inventory { scope, json } => scope::inventory(&config, scope, json),
+        Command::Verify { scope, audit, json } => scope::verify(&config, scope, audit, json),
+        Command::Erase(erase) => erase::erase(&config, erase),
+        Command::Resume {
+            job_id,
+            drain_timeout,
+            reinventory,
+            json,
+        } => erase::resume(&config, job_id, drain_timeout, reinventory, json),
+        Command::Work {
+            drain_timeout,
+            json,
+        } => erase::work(&config, drain_timeout, json),
+        Command::Jobs { json } => jobs::list(&config, json),
+        Command::Job {
+            command: JobCommand::Show { job_id, json },
+        } => jobs::show(&config, job_id, json),
+        Command::Certificate { command } => certificate::run(&config, command),
+        Command::Hold { command } => hold::run(&config, command),
+        Command::Guard { command } => guard::run(&config, command),
+        Command::Journal {
+            command: JournalCommand::Verify { json },
+        } => journal::verify(&config, json),
+    }
+}

@@ -1,0 +1,71 @@
+//! `lethe inventory` and `lethe verify`: what every target holds, or still holds, for a scope.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use crate::args::ScopeArgs;
+use crate::exit::Exit;
+use crate::open::open_engine_probing;
+use crate::output::{print_json, Table};
+use crate::scope_input::checked_scope;
+
+/// Counts what each target holds for the scope (a dry run).
+pub(crate) fn inventory(config: &Path, args: ScopeArgs, json: bool) -> Result<i32, Exit> {
+    let scope = checked_scope(&args, "the inventory counts what is held for")?;
+    let engine = open_engine_probing(config)?;
+    let counts = engine.inventory(&scope)?;
+    if json {
+        let targets: serde_json::Map<_, _> =
+            counts.iter().map(|(n, c)| (n.clone(), json!(c))).collect();
+        print_json(&json!({"scope_hash": engine.scope_hash(&scope), "targets": targets}));
+    } else {
+        outln!("Scope {} ({})", engine.scope_hash(&scope), scope.kind());
+        let mut t = Table::new(&["TARGET", "ROWS"]);
+        for (n, c) in &counts {
+            t.row(vec![
+                n.clone(),
+                c.exempt
+                    .as_ref()
+                    .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
+            ]);
+        }
+        t.print();
+    }
+    Ok(0)
+}
+
+/// Counts what is left for the scope, hidden rows included; exit 1 on residue.
+pub(crate) fn verify(config: &Path, args: ScopeArgs, audit: bool, json: bool) -> Result<i32, Exit> {
+    let scope = checked_scope(&args, "verification looks for")?;
+    let engine = open_engine_probing(config)?;
+    let counts = engine.verify(&scope, audit)?;
+    let clean = counts.iter().all(|(_, c)| c.count == 0);
+    if json {
+        let targets: serde_json::Map<_, _> = counts
+            .iter()
+            .map(|(n, c)| (n.clone(), json!({"residue": c.count, "exempt": c.exempt})))
+            .collect();
+        print_json(&json!({"clean": clean, "targets": targets}));
+    } else {
+        let mut t = Table::new(&["TARGET", "RESIDUE"]);
+        for (n, c) in &counts {
+            t.row(vec![
+                n.clone(),
+                c.exempt
+                    .as_ref()
+                    .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
+            ]);
+        }
+        t.print();
+        outln!(
+            "{}",
+            if clean {
+                "Clean: nothing left for this scope."
+            } else {
+                "RESIDUE: rows are left for this scope."
+            }
+        );
+    }
+    Ok(if clean { 0 } else { 1 })
+}
