@@ -162,6 +162,101 @@ pub(crate) fn unreadable(e: &serde_json::Error) -> String {
     lethe_core::redact_quoted(&e.to_string())
 }
 
+/// The head record against the chain's last entry `(last_seq, last_hash)`.
+fn head_problem(
+    tx: &mut dyn Tx,
+    last_seq: i64,
+    last_hash: &str,
+    entries: u64,
+) -> Result<Option<String>> {
+    let head = tx
+        .row("SELECT v FROM lethe_meta WHERE k = 'head'", &[])
+        .map_err(db)?
+        .map(|r| r[0].text());
+    let last = format!("{last_seq}:{last_hash}");
+    match head {
+        Some(h) if h != last => Ok(Some(format!(
+            "the newest entries were removed: the head records {}, the chain ends at entry {}",
+            // A number, or nothing of it: a tampered head could hold anything (review).
+            h.split(':')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .map_or_else(
+                    || "(not a number, not shown)".to_string(),
+                    |n| n.to_string()
+                ),
+            last_seq
+        ))),
+        None if entries > 0 => Ok(Some("the head record is missing".into())),
+        _ => Ok(None),
+    }
+}
+
+/// The job table against the states the chain's entries lead to; the number of jobs.
+fn job_table_problems(
+    tx: &mut dyn Tx,
+    states: &HashMap<String, JobState>,
+    problems: &mut Vec<String>,
+) -> Result<u64> {
+    let jobs = tx
+        .rows(
+            "SELECT job_id, state, scope, scope_hash FROM jobs ORDER BY job_id",
+            &[],
+        )
+        .map_err(db)?;
+    for r in &jobs {
+        let (job, state) = (r[0].text(), r[1].text());
+        match states.get(&job) {
+            Some(s) if s.as_str() == state => {}
+            Some(s) => problems.push(format!(
+                "job {job} is {state} in the job table but {s} in the journal",
+                job = shown_id(&job),
+                state = shown_state(&state)
+            )),
+            None => problems.push(format!(
+                "job {job} is in the job table but not in the journal",
+                job = shown_id(&job)
+            )),
+        }
+    }
+    Ok(jobs.len() as u64)
+}
+
+/// The holds table against the holds the chain placed and released.
+fn hold_table_problems(tx: &mut dyn Tx, holds: &BTreeMap<String, bool>) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    // The holds table against the chain (review: a hold released in the table alone let its
+    // job run, and this said intact).
+    let table: BTreeMap<String, bool> = tx
+        .rows("SELECT hold_id, released_at FROM holds", &[])
+        .map_err(db)?
+        .iter()
+        .map(|r| (r[0].text(), r[1].t().is_some()))
+        .collect();
+    for (id, released) in &table {
+        match holds.get(id) {
+            None => problems.push(format!(
+                "hold {id} is in the hold table but not in the journal",
+                id = shown_id(id)
+            )),
+            Some(r) if r != released => problems.push(format!(
+                "hold {id} is {} in the hold table but {} in the journal",
+                if *released { "released" } else { "active" },
+                if *r { "released" } else { "active" },
+                id = shown_id(id)
+            )),
+            _ => {}
+        }
+    }
+    for id in holds.keys().filter(|id| !table.contains_key(*id)) {
+        problems.push(format!(
+            "hold {id} is in the journal but missing from the hold table",
+            id = shown_id(id)
+        ));
+    }
+    Ok(problems)
+}
+
 fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     let mut problems = Vec::new();
     let rows = tx
@@ -256,83 +351,15 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         prev = hash;
         expected_seq = seq + 1;
     }
-    let head = tx
-        .row("SELECT v FROM lethe_meta WHERE k = 'head'", &[])
-        .map_err(db)?
-        .map(|r| r[0].text());
-    let last = format!("{}:{}", expected_seq - 1, prev);
-    match head {
-        Some(h) if h != last => problems.push(format!(
-            "the newest entries were removed: the head records {}, the chain ends at entry {}",
-            // A number, or nothing of it: a tampered head could hold anything (review).
-            h.split(':')
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-                .map_or_else(
-                    || "(not a number, not shown)".to_string(),
-                    |n| n.to_string()
-                ),
-            expected_seq - 1
-        )),
-        None if entries > 0 => problems.push("the head record is missing".into()),
-        _ => {}
-    }
-    let jobs = tx
-        .rows(
-            "SELECT job_id, state, scope, scope_hash FROM jobs ORDER BY job_id",
-            &[],
-        )
-        .map_err(db)?;
-    for r in &jobs {
-        let (job, state) = (r[0].text(), r[1].text());
-        match states.get(&job) {
-            Some(s) if s.as_str() == state => {}
-            Some(s) => problems.push(format!(
-                "job {job} is {state} in the job table but {s} in the journal",
-                job = shown_id(&job),
-                state = shown_state(&state)
-            )),
-            None => problems.push(format!(
-                "job {job} is in the job table but not in the journal",
-                job = shown_id(&job)
-            )),
-        }
-    }
+    problems.extend(head_problem(tx, expected_seq - 1, &prev, entries)?);
+    let jobs = job_table_problems(tx, &states, &mut problems)?;
     for (job, f) in &facts {
         problems.extend(projection_problems(tx, job, f)?);
     }
-    // The holds table against the chain (review: a hold released in the table alone let its
-    // job run, and this said intact).
-    let table: BTreeMap<String, bool> = tx
-        .rows("SELECT hold_id, released_at FROM holds", &[])
-        .map_err(db)?
-        .iter()
-        .map(|r| (r[0].text(), r[1].t().is_some()))
-        .collect();
-    for (id, released) in &table {
-        match holds.get(id) {
-            None => problems.push(format!(
-                "hold {id} is in the hold table but not in the journal",
-                id = shown_id(id)
-            )),
-            Some(r) if r != released => problems.push(format!(
-                "hold {id} is {} in the hold table but {} in the journal",
-                if *released { "released" } else { "active" },
-                if *r { "released" } else { "active" },
-                id = shown_id(id)
-            )),
-            _ => {}
-        }
-    }
-    for id in holds.keys().filter(|id| !table.contains_key(*id)) {
-        problems.push(format!(
-            "hold {id} is in the journal but missing from the hold table",
-            id = shown_id(id)
-        ));
-    }
+    problems.extend(hold_table_problems(tx, &holds)?);
     Ok(ChainReport {
         entries,
-        jobs: jobs.len() as u64,
+        jobs,
         problems,
         last: (expected_seq > 1).then(|| (expected_seq - 1, prev)),
     })

@@ -9,6 +9,9 @@
 //! on PostgreSQL every write transaction first takes one advisory lock. That keeps the gate's
 //! check-and-register and the freeze linearizable on both, and the hash chain single-file.
 
+/// A frozen locator and the rows it accounts for.
+pub type Locator = (String, u64);
+
 /// A parameter or a column value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum V {
@@ -110,7 +113,7 @@ pub(crate) trait Tx {
         &mut self,
         job_id: &str,
         target: &str,
-        locators: &[crate::jobs::Locator],
+        locators: &[Locator],
     ) -> Result<(), String> {
         use std::fmt::Write as _;
         for chunk in locators.chunks(INSERT_CHUNK) {
@@ -136,7 +139,7 @@ pub(crate) trait Tx {
         &mut self,
         job_id: &str,
         target: &str,
-        locators: &[crate::jobs::Locator],
+        locators: &[Locator],
     ) -> Result<(), String> {
         for (loc, rows) in locators {
             self.exec(
@@ -148,12 +151,8 @@ pub(crate) trait Tx {
         Ok(())
     }
     /// A target's frozen locators, each once, in byte order of the locator.
-    fn locators(
-        &mut self,
-        job_id: &str,
-        target: &str,
-    ) -> Result<Vec<crate::jobs::Locator>, String> {
-        let mut out: Vec<crate::jobs::Locator> = self
+    fn locators(&mut self, job_id: &str, target: &str) -> Result<Vec<Locator>, String> {
+        let mut out: Vec<Locator> = self
             .rows(
                 "SELECT locator, rows FROM inventory WHERE job_id = $1 AND target = $2",
                 &[job_id.into(), target.into()],
@@ -401,7 +400,7 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
         &mut self,
         job_id: &str,
         target: &str,
-        locators: &[crate::jobs::Locator],
+        locators: &[Locator],
     ) -> Result<(), String> {
         self.add_locators(job_id, target, locators)
     }
@@ -411,7 +410,7 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
         &mut self,
         job_id: &str,
         target: &str,
-        locators: &[crate::jobs::Locator],
+        locators: &[Locator],
     ) -> Result<(), String> {
         if locators.is_empty() {
             return Ok(());
@@ -434,11 +433,7 @@ impl<C: postgres::GenericClient> Tx for PgTx<'_, C> {
     }
 
     /// The parts, and the rows of `inventory` that a job frozen before the parts existed has.
-    fn locators(
-        &mut self,
-        job_id: &str,
-        target: &str,
-    ) -> Result<Vec<crate::jobs::Locator>, String> {
+    fn locators(&mut self, job_id: &str, target: &str) -> Result<Vec<Locator>, String> {
         let stmt = self
             .prepared
             .get(

@@ -159,8 +159,7 @@ pub(crate) fn apply(tx: &mut dyn Tx, at: &str, job_id: &str, entry: &Entry) -> R
     Ok(state)
 }
 
-/// A frozen locator and the rows it accounts for.
-pub type Locator = (String, u64);
+pub use crate::db::Locator;
 
 /// A digest of an inventory's locators, keyed so that it cannot be used to test a guess.
 pub fn inventory_digest(key: &[u8; 32], locators: &[(String, u64)]) -> String {

@@ -336,6 +336,41 @@ ALTER TABLE inventory_parts ALTER COLUMN rows SET STORAGE EXTERNAL;
 
 /// Creates what is missing. Runs inside a write transaction, so concurrent openers serialize.
 pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
+    let (ddl, functions) = schema_text(dialect);
+    let fingerprint = fingerprint(&ddl, functions);
+    if is_current(tx, dialect, &fingerprint)? {
+        return Ok(());
+    }
+    for stmt in ddl.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        tx.exec(stmt, &[])?;
+    }
+    upgrade_permits(tx, dialect)?;
+    for f in functions {
+        tx.exec(f, &[])?;
+    }
+    if let Dialect::Postgres = dialect {
+        // A Lethe older than version 3 that completed a job knew nothing of its parts and left
+        // them; completion drops a job's locators, so any still here are such leftovers.
+        tx.exec(
+            "DELETE FROM inventory_parts WHERE job_id IN \
+             (SELECT j.job_id FROM jobs j WHERE j.state = 'COMPLETE')",
+            &[],
+        )?;
+    }
+    tx.exec(
+        "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        &[V::T(VERSION.to_string())],
+    )?;
+    tx.exec(
+        "INSERT INTO lethe_meta (k, v) VALUES ('schema_fingerprint', $1) \
+         ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        &[V::T(fingerprint)],
+    )?;
+    Ok(())
+}
+
+/// The dialect's DDL, without comments (they may hold a ';'), and its gate functions.
+fn schema_text(dialect: Dialect) -> (String, &'static [&'static str]) {
     let (int, serial) = match dialect {
         Dialect::Sqlite => ("INTEGER", "INTEGER PRIMARY KEY AUTOINCREMENT"),
         Dialect::Postgres => (
@@ -345,8 +380,8 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
     };
     // On SQLite the inventory is clustered on its key (`WITHOUT ROWID`): a table with a rowid
     // stores every locator twice, in the table and in its key's index, and a job writes,
-    // deletes and checkpoints both (measured below, bench/README.md "Redis"). A journal made
-    // before keeps its table, which works the same.
+    // deletes and checkpoints both (measured, bench/README.md "Redis"). A journal made before
+    // keeps its table, which works the same.
     let without_rowid = match dialect {
         Dialect::Sqlite => " WITHOUT ROWID",
         Dialect::Postgres => "",
@@ -362,29 +397,37 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
         Dialect::Sqlite => ddl,
         Dialect::Postgres => ddl + PG_TABLES,
     };
-    // Comments first (they may hold a ';'), then one statement per ';'.
-    let ddl: String = ddl
+    let ddl = ddl
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n");
-    let functions: &[&str] = match dialect {
+    let functions: &'static [&'static str] = match dialect {
         Dialect::Sqlite => &[],
         Dialect::Postgres => &PG_GATE_FUNCTIONS,
     };
-    // A store that records this exact schema needs no DDL. Skipping it matters on PostgreSQL,
-    // where every `CREATE OR REPLACE FUNCTION` rewrites the catalog and makes every other
-    // session (a running `lethe serve`) re-plan the gate functions, and each open paid for
-    // some 25 DDL statements. Any change to the text below changes the fingerprint.
+    (ddl, functions)
+}
+
+/// The schema's fingerprint: its DDL, its version and its functions. Any change to their text
+/// changes it.
+fn fingerprint(ddl: &str, functions: &[&str]) -> String {
     let mut h = Sha256::new();
     h.update(ddl.as_bytes());
     // The version too: a matching fingerprint then implies the same version, so the shortcut
-    // below never skips the version check.
+    // in `is_current` never skips the version check.
     h.update(VERSION.to_string().as_bytes());
     for f in functions {
         h.update(f.as_bytes());
     }
-    let fingerprint = hex::encode(h.finalize());
+    hex::encode(h.finalize())
+}
+
+/// Whether the store records this exact schema, so no DDL runs. Skipping it matters on
+/// PostgreSQL, where every `CREATE OR REPLACE FUNCTION` rewrites the catalog and makes every
+/// other session (a running `lethe serve`) re-plan the gate functions, and each open paid for
+/// some 25 DDL statements. Refuses a schema a newer Lethe wrote, or a version no Lethe wrote.
+fn is_current(tx: &mut dyn Tx, dialect: Dialect, fingerprint: &str) -> Result<bool, String> {
     let meta_exists = match dialect {
         Dialect::Sqlite => tx
             .row(
@@ -400,51 +443,51 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
             .i() == Some(1)
         }
     };
-    if meta_exists {
-        let recorded = tx.row(
-            "SELECT v FROM lethe_meta WHERE k = 'schema_fingerprint'",
-            &[],
-        )?;
-        if recorded.is_some_and(|r| r[0].text() == fingerprint) {
-            return Ok(());
-        }
-        // A recorded version that is not a number was not written by any Lethe: refuse it
-        // rather than read it as "no version" and migrate over it.
-        let version = match tx.row("SELECT v FROM lethe_meta WHERE k = 'schema_version'", &[])? {
-            None => None,
-            Some(r) => Some(r[0].text().parse::<i64>().map_err(|_| {
-                "this journal's recorded schema version is not a number; it was not written \
-                 by Lethe, so it is left as it is (check the journal's lethe_meta table)"
-                    .to_string()
-            })?),
-        };
-        if let Some(v) = version.filter(|v| *v > VERSION) {
-            return Err(format!(
-                "this journal's schema is version {v}, newer than this Lethe's ({VERSION}): \
-                 a newer Lethe uses it; upgrade this one (every process sharing a journal runs \
-                 the same version)"
-            ));
-        }
+    if !meta_exists {
+        return Ok(false);
     }
-    for stmt in ddl.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        tx.exec(stmt, &[])?;
+    let recorded = tx.row(
+        "SELECT v FROM lethe_meta WHERE k = 'schema_fingerprint'",
+        &[],
+    )?;
+    if recorded.is_some_and(|r| r[0].text() == fingerprint) {
+        return Ok(true);
     }
-    // Version 4: a permit's request key, on a permits table made before.
-    let has_key = match dialect {
-        Dialect::Sqlite => {
-            tx.one(
-                "SELECT count(*) FROM pragma_table_info('permits') WHERE name = 'request_key'",
-                &[],
-            )?
-            .i() == Some(1)
-        }
-        Dialect::Postgres => false, // ADD COLUMN IF NOT EXISTS below
+    // A recorded version that is not a number was not written by any Lethe: refuse it rather
+    // than read it as "no version" and migrate over it.
+    let version = match tx.row("SELECT v FROM lethe_meta WHERE k = 'schema_version'", &[])? {
+        None => None,
+        Some(r) => Some(r[0].text().parse::<i64>().map_err(|_| {
+            "this journal's recorded schema version is not a number; it was not written \
+             by Lethe, so it is left as it is (check the journal's lethe_meta table)"
+                .to_string()
+        })?),
     };
+    if let Some(v) = version.filter(|v| *v > VERSION) {
+        return Err(format!(
+            "this journal's schema is version {v}, newer than this Lethe's ({VERSION}): \
+             a newer Lethe uses it; upgrade this one (every process sharing a journal runs \
+             the same version)"
+        ));
+    }
+    Ok(false)
+}
+
+/// Version 4: a permit's request key, on a permits table made before, and the index by lease
+/// that is unique with it.
+fn upgrade_permits(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
     match dialect {
-        Dialect::Sqlite if !has_key => {
-            tx.exec("ALTER TABLE permits ADD COLUMN request_key TEXT", &[])?;
+        Dialect::Sqlite => {
+            let has_key =
+                tx.one(
+                    "SELECT count(*) FROM pragma_table_info('permits') WHERE name = 'request_key'",
+                    &[],
+                )?
+                .i() == Some(1);
+            if !has_key {
+                tx.exec("ALTER TABLE permits ADD COLUMN request_key TEXT", &[])?;
+            }
         }
-        Dialect::Sqlite => {}
         Dialect::Postgres => {
             tx.exec(
                 "ALTER TABLE permits ADD COLUMN IF NOT EXISTS request_key TEXT",
@@ -468,27 +511,6 @@ pub(crate) fn migrate(tx: &mut dyn Tx, dialect: Dialect) -> Result<(), String> {
     tx.exec(
         "CREATE UNIQUE INDEX IF NOT EXISTS permits_request_key ON permits (lease_id, request_key)",
         &[],
-    )?;
-    for f in functions {
-        tx.exec(f, &[])?;
-    }
-    if let Dialect::Postgres = dialect {
-        // A Lethe older than version 3 that completed a job knew nothing of its parts and left
-        // them; completion drops a job's locators, so any still here are such leftovers.
-        tx.exec(
-            "DELETE FROM inventory_parts WHERE job_id IN \
-             (SELECT j.job_id FROM jobs j WHERE j.state = 'COMPLETE')",
-            &[],
-        )?;
-    }
-    tx.exec(
-        "INSERT INTO lethe_meta (k, v) VALUES ('schema_version', $1) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
-        &[V::T(VERSION.to_string())],
-    )?;
-    tx.exec(
-        "INSERT INTO lethe_meta (k, v) VALUES ('schema_fingerprint', $1) \
-         ON CONFLICT (k) DO UPDATE SET v = excluded.v",
-        &[V::T(fingerprint)],
     )?;
     Ok(())
 }
