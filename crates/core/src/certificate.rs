@@ -112,7 +112,11 @@ pub enum CertificateError {
     BadSignature,
 }
 
-/// Serializes with object keys sorted and no whitespace: the bytes that are signed.
+/// Serializes with object keys sorted and no whitespace: the bytes that are signed. For every
+/// document Lethe signs (integers only; keys and strings sorted the same by UTF-8 bytes as by
+/// UTF-16 units) this is RFC 8785, the JSON Canonicalization Scheme, which a third-party
+/// verifier should follow; `canonical_json_is_rfc_8785_for_certificates` pins it against an
+/// implementation of the RFC. Kept as these few lines, not a dependency, for that reason.
 pub fn canonical_json(v: &Value) -> String {
     fn sorted(v: &Value) -> Value {
         match v {
@@ -336,6 +340,32 @@ mod tests {
             targets,
             backup_expiry: None,
             signed_by: String::new(),
+        }
+    }
+
+    /// The signed bytes are RFC 8785's (JCS), checked against an implementation of the RFC
+    /// on a certificate with targets whose names need escaping or sort beyond ASCII.
+    #[test]
+    fn canonical_json_is_rfc_8785_for_certificates() {
+        let mut c = sample();
+        for name in [
+            "zoë-store",
+            "Zeta",
+            "a\"quoted\\name",
+            "用户-cache",
+            "tab\there",
+        ] {
+            let mut t = c.targets["memories"].clone();
+            t.count = 7;
+            t.error_codes = vec!["target_unavailable".into()];
+            t.reason = Some("exempt: ümlaut".into());
+            c.targets.insert(name.into(), t);
+        }
+        let doc = c.sign(&DeploymentKey::from_bytes([5; 32]));
+        let mut unsigned = doc.clone();
+        unsigned.as_object_mut().unwrap().remove("signature");
+        for v in [&doc, &unsigned] {
+            assert_eq!(canonical_json(v), serde_jcs::to_string(v).unwrap());
         }
     }
 
