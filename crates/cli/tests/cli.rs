@@ -6,9 +6,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use lethe_test_support::MEMORY_FILES;
 use serde_json::Value;
 
-const CONFIG: &str = r#"
+/// The demo's targets under a `[control]` whose `batch_size` is `BATCH`, replaced per test.
+static CONFIG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        r#"
 [control]
 journal = "sqlite:lethe-journal.db"
 key_file = "lethe.key"
@@ -16,23 +20,10 @@ policy_version = "test-1"
 certificates = "certificates"
 batch_size = BATCH
 
-[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
-metadata = { tenant = "tenant_id", subject = "user_id" }
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-"#;
-
-const MEMORY_FILES: [&str; 3] = ["checkpoints.db", "store.db", "app.db"];
+{}"#,
+        lethe_test_support::TARGETS
+    )
+});
 
 struct Env {
     dir: tempfile::TempDir,
@@ -45,12 +36,7 @@ impl Env {
 
     fn with_config(config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let fx =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
-        std::fs::create_dir(dir.path().join("memory")).unwrap();
-        for f in MEMORY_FILES {
-            std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
-        }
+        lethe_test_support::copy_memory(dir.path());
         std::fs::write(dir.path().join("lethe.toml"), config).unwrap();
         Self { dir }
     }

@@ -4,39 +4,19 @@
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 
-static N: AtomicUsize = AtomicUsize::new(0);
-
 struct Env {
     dir: tempfile::TempDir,
-    admin: String,
     db: String,
 }
 
 impl Env {
     fn new(batch: usize) -> Self {
-        let admin = std::env::var("LETHE_PG15_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-        let db = format!(
-            "lethe_cj_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
-        postgres::Client::connect(&admin, postgres::NoTls)
-            .unwrap()
-            .batch_execute(&format!("CREATE DATABASE {db}"))
-            .unwrap();
-        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+        let (db, url) = lethe_test_support::new_database("lethe_cj");
         let dir = tempfile::tempdir().unwrap();
-        let fx =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
-        std::fs::create_dir(dir.path().join("memory")).unwrap();
-        for f in ["checkpoints.db", "store.db", "app.db"] {
-            std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
-        }
+        lethe_test_support::copy_memory(dir.path());
         std::fs::write(
             dir.path().join("lethe.toml"),
             format!(
@@ -45,25 +25,12 @@ impl Env {
 journal = "{url}"
 batch_size = {batch}
 
-[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = {{ path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
-metadata = {{ tenant = "tenant_id", subject = "user_id" }}
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{{tenant}}", "{{subject}}"]
-"#
+{targets}"#,
+                targets = lethe_test_support::TARGETS
             ),
         )
         .unwrap();
-        Env { dir, admin, db }
+        Env { dir, db }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
@@ -111,9 +78,7 @@ namespace = ["{{tenant}}", "{{subject}}"]
 
 impl Drop for Env {
     fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&self.admin, postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db));
-        }
+        lethe_test_support::drop_database(&self.db);
     }
 }
 
@@ -233,7 +198,11 @@ fn a_runner_that_lost_its_claim_erases_nothing_more() {
     let first = env.paused_erase("after-batch-journal:checkpoints:1", Stdio::piped());
     // The claim is a connection of the job's database idle in a transaction (so is the one
     // opened ahead for a next claim).
-    let url = format!("{}/{}", env.admin.rsplit_once('/').unwrap().0, env.db);
+    let url = format!(
+        "{}/{}",
+        lethe_test_support::pg_admin().rsplit_once('/').unwrap().0,
+        env.db
+    );
     let mut pg = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let ended: i64 = pg
         .query_one(

@@ -13,26 +13,15 @@ use serde_json::{json, Value};
 const RUNTIME: &str = "runtime-token-serve-test-01";
 const OPERATOR: &str = "operator-token-serve-test-01";
 
-const CONFIG: &str = r#"
+/// The demo's targets, a `[control]` and a `[serve]` with two tokens.
+static CONFIG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        r#"
 [control]
 journal = "sqlite:lethe-journal.db"
 policy_version = "test-1"
 
-[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
-metadata = { tenant = "tenant_id", subject = "user_id" }
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-
+{}
 [serve]
 listen = "127.0.0.1:0"
 pool = 4
@@ -44,15 +33,14 @@ token_file = "runtime.token"
 [[serve.token]]
 role = "operator"
 token_file = "operator.token"
-"#;
+"#,
+        lethe_test_support::TARGETS
+    )
+});
 
 fn setup(config: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
-    std::fs::create_dir(dir.path().join("memory")).unwrap();
-    for f in ["checkpoints.db", "store.db", "app.db"] {
-        std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
-    }
+    lethe_test_support::copy_memory(dir.path());
     std::fs::write(dir.path().join("lethe.toml"), config).unwrap();
     for (file, token) in [("runtime.token", RUNTIME), ("operator.token", OPERATOR)] {
         let path = dir.path().join(file);
@@ -123,7 +111,7 @@ fn wait_job(op: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
 
 #[test]
 fn a_server_killed_mid_job_loses_nothing_and_the_job_resumes() {
-    let dir = setup(CONFIG);
+    let dir = setup(&CONFIG);
     let (mut server, addr) = serve(dir.path());
     let rt = Client::new(&addr, RUNTIME);
     let op = Client::new(&addr, OPERATOR);
@@ -227,12 +215,12 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(expected), "wanted '{expected}' in: {err}");
     }
-    let dir = setup(CONFIG);
+    let dir = setup(&CONFIG);
     std::fs::write(dir.path().join("runtime.token"), "short\n").unwrap();
     let out = lethe(dir.path()).arg("serve").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 16"));
-    let dir = setup(CONFIG);
+    let dir = setup(&CONFIG);
     chmod(&dir.path().join("operator.token"), 0o644);
     let out = lethe(dir.path()).arg("serve").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -516,7 +504,7 @@ fn serve_and_an_in_process_gate_never_share_a_journal() {
 /// warning.
 #[test]
 fn serve_refuses_a_token_no_client_can_send_and_plain_http_off_the_machine() {
-    let dir = setup(CONFIG);
+    let dir = setup(&CONFIG);
     std::fs::write(
         dir.path().join("runtime.token"),
         "runtime-tökén-for-tests-01\n",

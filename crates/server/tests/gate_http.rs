@@ -21,26 +21,18 @@ use serde_json::{json, Value};
 const RUNTIME: &str = "runtime-token-for-tests-0001";
 const OPERATOR: &str = "operator-token-for-tests-0001";
 
-const CONFIG: &str = r#"
+/// The demo's targets under a `[control]` whose journal is `JOURNAL`, replaced per backend.
+static CONFIG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        r#"
 [control]
 journal = "JOURNAL"
 policy_version = "test-1"
 
-[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
-metadata = { tenant = "tenant_id", subject = "user_id" }
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-"#;
+{}"#,
+        lethe_test_support::TARGETS
+    )
+});
 
 static N: AtomicUsize = AtomicUsize::new(0);
 
@@ -101,12 +93,7 @@ impl Env {
 
     fn with(backend: Backend, clock: Arc<dyn Clock>, hooks: Hooks, sweep_every: Duration) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let fx =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/langgraph-sqlite");
-        std::fs::create_dir(dir.path().join("memory")).unwrap();
-        for f in ["checkpoints.db", "store.db", "app.db"] {
-            std::fs::copy(fx.join(f), dir.path().join("memory").join(f)).unwrap();
-        }
+        lethe_test_support::copy_memory(dir.path());
         let journal = journal_url(backend, dir.path());
         let cfg = Config::parse(&CONFIG.replace("JOURNAL", &journal), dir.path(), "test").unwrap();
         let engine = Arc::new(Engine::open(cfg, Arc::clone(&clock)).unwrap());
