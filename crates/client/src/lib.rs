@@ -1,6 +1,11 @@
 //! A blocking client for the gate of `lethe serve` (HTTP/1.1, JSON), for agent runtimes
-//! written in Rust. Standard library only: one keep-alive connection per [`Client`], plus one
-//! per [`Revocations`] stream.
+//! written in Rust: one keep-alive connection per [`Client`], plus one per [`Revocations`]
+//! stream. `https://` goes through OpenSSL (which every Lethe binary links already), with the
+//! server's chain and host name always verified; [`Client::with_ca_file`] trusts a private CA.
+//!
+//! The HTTP/1.1 framing is this crate's own, not a pooled client's: the rules below need to
+//! know whether a request left on a connection, and a pool that retries on a stale connection
+//! by itself would send a release twice (the unit tests pin each rule).
 //!
 //! ```no_run
 //! use lethe_client::{Client, Sink};
@@ -20,10 +25,13 @@
 //! registered), and the end of a keyed permit (`no_such_permit` to the second sending means the
 //! first ended it). Anything else is reported to the caller.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use openssl::ssl::{SslConnector, SslMethod, SslStream};
 
 use serde_json::{json, Value};
 
@@ -47,6 +55,10 @@ pub enum Error {
     /// The server's answer did not parse.
     #[error("gate answered something unexpected: {0}")]
     Protocol(String),
+    /// The TLS handshake failed: a certificate not trusted or not for this host, no common
+    /// protocol version. Never retried, and never a fall-back to plain HTTP.
+    #[error("TLS with the gate failed: {0}")]
+    Tls(String),
 }
 
 impl Error {
@@ -119,10 +131,80 @@ impl Permit {
 /// A connection to the gate. Requests on one client are serialized; give each worker thread
 /// its own client.
 pub struct Client {
+    /// `host:port`, as the `Host` header names it.
     addr: String,
+    /// `Some` for `https://`: what the handshake verifies against (or why OpenSSL could not
+    /// make it, reported by each request).
+    tls: Option<std::result::Result<SslConnector, String>>,
     token: String,
     /// The kept-alive connection, and when its last answer came.
-    conn: Mutex<Option<(BufReader<TcpStream>, Instant)>>,
+    conn: Mutex<Option<(BufReader<Stream>, Instant)>>,
+}
+
+/// One connection to the server: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<SslStream<TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => s.get_ref(),
+        }
+    }
+
+    /// Whether the server has closed the connection (or sent bytes nobody asked for): a look
+    /// without waiting. Over TLS a record may arrive unasked and mean nothing (a TLS 1.3
+    /// session ticket): it is read, and only application data or a close counts.
+    fn closed_by_peer(&mut self) -> bool {
+        if self.tcp().set_nonblocking(true).is_err() {
+            return true;
+        }
+        let closed = match self {
+            Stream::Plain(s) => {
+                !matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+            Stream::Tls(s) => {
+                s.ssl().pending() > 0
+                    || match s.ssl_read(&mut [0u8; 1]) {
+                        Err(e) => !matches!(
+                            e.code(),
+                            openssl::ssl::ErrorCode::WANT_READ
+                                | openssl::ssl::ErrorCode::WANT_WRITE
+                        ),
+                        Ok(_) => true,
+                    }
+            }
+        };
+        self.tcp().set_nonblocking(false).is_err() || closed
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -132,13 +214,67 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client for the server at `addr` (`host:port`), authenticating with `token`.
+    /// A client for the server at `addr`, authenticating with `token`: `host:port` or
+    /// `http://host:port` for plain HTTP (loopback, or a network you trust), `https://host:port`
+    /// for TLS, verified against the system's CA certificates (add one with
+    /// [`Client::with_ca_file`]).
     pub fn new(addr: impl Into<String>, token: impl Into<String>) -> Self {
+        let addr = addr.into();
+        let (addr, tls) = match addr.strip_prefix("https://") {
+            Some(rest) => (rest.trim_end_matches('/').to_string(), true),
+            None => (
+                addr.strip_prefix("http://")
+                    .unwrap_or(&addr)
+                    .trim_end_matches('/')
+                    .to_string(),
+                false,
+            ),
+        };
         Self {
-            addr: addr.into(),
+            addr,
+            // The system's trusted certificates (OpenSSL's default paths).
+            tls: tls.then(|| {
+                SslConnector::builder(SslMethod::tls_client())
+                    .map(|b| b.build())
+                    .map_err(|e| e.to_string())
+            }),
             token: token.into(),
             conn: Mutex::new(None),
         }
+    }
+
+    /// Trusts the CA certificates of a PEM file too (a private CA in front of `lethe serve`),
+    /// beside the system's. For an `https://` client; an `http://` one is returned unchanged.
+    pub fn with_ca_file(mut self, pem: impl AsRef<Path>) -> Result<Self> {
+        if self.tls.is_none() {
+            return Ok(self);
+        }
+        let tls_err = |e: openssl::error::ErrorStack| Error::Tls(e.to_string());
+        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(tls_err)?;
+        b.set_ca_file(pem.as_ref()).map_err(tls_err)?;
+        self.tls = Some(Ok(b.build()));
+        Ok(self)
+    }
+
+    /// A new connection to the server, TLS-wrapped for `https://`.
+    fn connect(&self) -> Result<Stream> {
+        let tcp = TcpStream::connect(&self.addr)?;
+        tcp.set_nodelay(true)?;
+        let Some(tls) = &self.tls else {
+            return Ok(Stream::Plain(tcp));
+        };
+        // The name the certificate must carry: the host part, without brackets for IPv6.
+        let host = self
+            .addr
+            .rsplit_once(':')
+            .map_or(self.addr.as_str(), |(h, _)| h)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let tls = tls.as_ref().map_err(|e| Error::Tls(e.clone()))?;
+        let s = tls
+            .connect(host, tcp)
+            .map_err(|e| Error::Tls(e.to_string()))?;
+        Ok(Stream::Tls(Box::new(s)))
     }
 
     /// Takes a lease for a run that read the subject's memory: `reads` are the
@@ -282,8 +418,7 @@ impl Client {
     /// Opens the revocation stream for these leases on its own connection.
     pub fn revocations(&self, leases: &[i64]) -> Result<Revocations> {
         let ids: Vec<String> = leases.iter().map(i64::to_string).collect();
-        let mut stream = TcpStream::connect(&self.addr)?;
-        stream.set_nodelay(true)?;
+        let mut stream = self.connect()?;
         write!(
             stream,
             "GET /v1/revocations?leases={} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
@@ -344,19 +479,17 @@ impl Client {
         // on (a permit registered, a release) is sent twice only when that is safe.
         // One idle past half the server's idle timeout is replaced too: the server may be
         // closing it just as the request leaves, which no look at the socket can see.
-        if guard
-            .as_ref()
-            .is_some_and(|(r, used)| used.elapsed() > IDLE_REUSE || closed_by_peer(r))
-        {
+        if guard.as_mut().is_some_and(|(r, used)| {
+            used.elapsed() > IDLE_REUSE || !r.buffer().is_empty() || r.get_mut().closed_by_peer()
+        }) {
             *guard = None;
         }
         for attempt in 0..2 {
             *twice = attempt > 0;
             let fresh = guard.is_none();
             if fresh {
-                let s = TcpStream::connect(&self.addr)?;
-                s.set_nodelay(true)?;
-                s.set_read_timeout(Some(Duration::from_secs(60)))?;
+                let s = self.connect()?;
+                s.tcp().set_read_timeout(Some(Duration::from_secs(60)))?;
                 *guard = Some((BufReader::new(s), Instant::now()));
             }
             let (reader, used) = guard.as_mut().expect("connected above");
@@ -404,23 +537,6 @@ fn take_key() -> Result<String> {
     Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
-/// Whether the server has closed a kept-alive connection (or sent bytes nobody asked for):
-/// a look at the socket without waiting.
-fn closed_by_peer(reader: &BufReader<TcpStream>) -> bool {
-    if !reader.buffer().is_empty() {
-        return true;
-    }
-    let s = reader.get_ref();
-    if s.set_nonblocking(true).is_err() {
-        return true;
-    }
-    let peeked = s.peek(&mut [0u8; 1]);
-    if s.set_nonblocking(false).is_err() {
-        return true;
-    }
-    !matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-}
-
 fn refusal(status: u16, body: &[u8]) -> Error {
     let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
@@ -432,7 +548,7 @@ fn refusal(status: u16, body: &[u8]) -> Error {
 }
 
 fn roundtrip(
-    reader: &mut BufReader<TcpStream>,
+    reader: &mut BufReader<Stream>,
     addr: &str,
     token: &str,
     method: &str,
@@ -529,7 +645,7 @@ fn read_chunk(reader: &mut impl BufRead) -> Result<Option<Vec<u8>>> {
 
 /// The revocation stream (server-sent events) for a set of leases.
 pub struct Revocations {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Stream>,
     chunked: bool,
     pending: String,
 }
@@ -592,12 +708,11 @@ mod tests {
     //! end go again with its key, and nothing else that may have been acted on.
 
     use super::*;
-    use std::io::Read;
     use std::net::TcpListener;
     use std::sync::mpsc;
 
     /// Reads one request; returns its request line and body.
-    fn read_request(r: &mut BufReader<TcpStream>) -> (String, String) {
+    fn read_request(r: &mut impl BufRead) -> (String, String) {
         let mut first = String::new();
         r.read_line(&mut first).unwrap();
         let mut length = 0;
@@ -619,7 +734,7 @@ mod tests {
         )
     }
 
-    fn answer(r: &mut BufReader<TcpStream>, status: &str, json: &str) {
+    fn answer<S: Read + Write>(r: &mut BufReader<S>, status: &str, json: &str) {
         write!(
             r.get_mut(),
             "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
@@ -841,5 +956,116 @@ mod tests {
         );
         listener.set_nonblocking(true).unwrap();
         assert!(listener.accept().is_err(), "or on a new connection");
+    }
+
+    /// A certificate for `ip`, signed by itself (it is its own CA), and its key.
+    fn self_signed(
+        ip: &str,
+    ) -> (
+        openssl::pkey::PKey<openssl::pkey::Private>,
+        openssl::x509::X509,
+    ) {
+        use openssl::asn1::Asn1Time;
+        use openssl::ec::{EcGroup, EcKey};
+        use openssl::hash::MessageDigest;
+        use openssl::nid::Nid;
+        use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
+        use openssl::x509::{X509NameBuilder, X509};
+        let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
+        let key = openssl::pkey::PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
+        let mut name = X509NameBuilder::new().unwrap();
+        name.append_entry_by_text("CN", "lethe-client-test")
+            .unwrap();
+        let name = name.build();
+        let mut b = X509::builder().unwrap();
+        b.set_version(2).unwrap();
+        b.set_subject_name(&name).unwrap();
+        b.set_issuer_name(&name).unwrap();
+        b.set_pubkey(&key).unwrap();
+        b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+            .unwrap();
+        b.set_not_after(&Asn1Time::days_from_now(1).unwrap())
+            .unwrap();
+        let san = SubjectAlternativeName::new()
+            .ip(ip)
+            .build(&b.x509v3_context(None, None))
+            .unwrap();
+        b.append_extension(san).unwrap();
+        b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+            .unwrap();
+        b.sign(&key, MessageDigest::sha256()).unwrap();
+        (key, b.build())
+    }
+
+    /// A TLS server on 127.0.0.1 with a certificate for `ip`; the CA file a client trusts it by.
+    fn tls_server(
+        ip: &str,
+    ) -> (
+        TcpListener,
+        openssl::ssl::SslAcceptor,
+        tempfile::NamedTempFile,
+    ) {
+        let (key, cert) = self_signed(ip);
+        let mut a = openssl::ssl::SslAcceptor::mozilla_intermediate_v5(
+            openssl::ssl::SslMethod::tls_server(),
+        )
+        .unwrap();
+        a.set_private_key(&key).unwrap();
+        a.set_certificate(&cert).unwrap();
+        let mut ca = tempfile::NamedTempFile::new().unwrap();
+        ca.write_all(&cert.to_pem().unwrap()).unwrap();
+        (TcpListener::bind("127.0.0.1:0").unwrap(), a.build(), ca)
+    }
+
+    /// `https://`: the server's certificate is verified against the CA the client trusts, and
+    /// two requests share one kept-alive TLS connection.
+    #[test]
+    fn https_verifies_the_server_and_keeps_the_connection() {
+        let (listener, acceptor, ca) = tls_server("127.0.0.1");
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let client = Client::new(url, "t").with_ca_file(ca.path()).unwrap();
+        let runner = std::thread::spawn(move || {
+            let permit = client.take_permit(7, Sink::Tool)?;
+            client.release_permit(permit)
+        });
+        let tcp = listener.accept().unwrap().0;
+        let mut one = BufReader::new(acceptor.accept(tcp).unwrap());
+        let (line, body) = read_request(&mut one);
+        assert_eq!(line, "POST /v1/permits HTTP/1.1");
+        let key = key_of(&body);
+        answer(&mut one, "201 Created", r#"{"permit_id": 1}"#);
+        assert_eq!(
+            read_request(&mut one).0,
+            format!("DELETE /v1/permits/1?key={key} HTTP/1.1")
+        );
+        answer(&mut one, "204 No Content", "");
+        runner.join().unwrap().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        assert!(
+            matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the second request opened a second connection"
+        );
+    }
+
+    /// A certificate the client does not trust, or one for another host, fails the handshake:
+    /// `Error::Tls`, no request sent, no fall-back to plain HTTP.
+    #[test]
+    fn https_refuses_an_untrusted_or_misnamed_certificate() {
+        for (cert_ip, trust) in [("127.0.0.1", false), ("127.0.0.2", true)] {
+            let (listener, acceptor, ca) = tls_server(cert_ip);
+            let url = format!("https://{}", listener.local_addr().unwrap());
+            let mut client = Client::new(url, "t");
+            if trust {
+                client = client.with_ca_file(ca.path()).unwrap();
+            }
+            let runner = std::thread::spawn(move || client.take_lease("acme", "alice", &[], 1000));
+            let tcp = listener.accept().unwrap().0;
+            assert!(
+                acceptor.accept(tcp).is_err(),
+                "{cert_ip}: the handshake completed"
+            );
+            let got = runner.join().unwrap();
+            assert!(matches!(got, Err(Error::Tls(_))), "{cert_ip}: {got:?}");
+        }
     }
 }
