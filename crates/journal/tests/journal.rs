@@ -175,6 +175,7 @@ both!(
     a_take_sent_again_with_its_key_gets_its_permit_back_even_after_the_freeze,
     sendings_of_one_keyed_take_racing_register_one_permit,
     a_freeze_outside_the_gate_authority_is_refused_and_touches_nothing,
+    the_start_check_covers_every_entry_since_the_last_check,
 );
 
 /// While one journal holds the store's gate authority (an in-process gate's, which knows only
@@ -445,6 +446,43 @@ fn detects_an_edited_entry(st: Store) {
         "UPDATE journal SET body = replace(body, 'T-1', 'T-2') WHERE seq = 1",
     );
     assert!(p.iter().any(|p| p.contains("entry 1 was edited")), "{p:?}");
+}
+
+/// The check a job makes before it starts (`check_chain`) covers the entries since the last
+/// check: an edit to one of them, a cut of the newest, or an edit of the entry the mark names
+/// refuses; an edit of an entry checked before passes it (only the full `verify_chain` sees
+/// that), and the full verification moves the mark.
+fn the_start_check_covers_every_entry_since_the_last_check(st: Store) {
+    let j = st.open();
+    j.check_chain().unwrap();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    run_to_blocked(&j, &a);
+    let edit = |seq: i64| format!("UPDATE journal SET body = body || ' ' WHERE seq = {seq}");
+    let undo = |seq: i64| format!("UPDATE journal SET body = rtrim(body) WHERE seq = {seq}");
+    st.raw(&edit(2));
+    let broken = |j: &lethe_journal::Journal| match j.check_chain() {
+        Err(JournalError::Broken(p)) => p,
+        other => panic!("not refused: {other:?}"),
+    };
+    assert!(broken(&j).contains("entry 2 was edited"));
+    st.raw(&undo(2));
+    j.check_chain().unwrap();
+    // Checked: the mark is at the head. An edit below it is the full verification's to find.
+    st.raw(&edit(1));
+    j.check_chain().unwrap();
+    assert!(!j.verify_chain().unwrap().is_intact());
+    st.raw(&undo(1));
+    // The entry the mark names, edited: refused.
+    let last = st.count("SELECT max(seq) FROM journal");
+    st.raw(&edit(last));
+    assert!(broken(&j).contains("checked before, was edited"));
+    st.raw(&undo(last));
+    j.check_chain().unwrap();
+    // New entries, then the newest cut: the head no longer matches.
+    let b = job(&j, "del-b", subject_scope("acme", "bob"));
+    run_to_blocked(&j, &b);
+    st.raw("DELETE FROM journal WHERE seq = (SELECT max(seq) FROM journal)");
+    assert!(broken(&j).contains("head record"));
 }
 
 fn detects_reordered_entries(st: Store) {
