@@ -6,16 +6,16 @@ use std::sync::Arc;
 use lethe_core::clock::SystemClock;
 use lethe_engine::{Config, Engine};
 
-use crate::exit::{bad, Exit};
+use crate::exit::Exit;
 
 pub(crate) fn open_engine(config: &Path) -> Result<Engine, Exit> {
-    let cfg = Config::load(config).map_err(bad)?;
+    let cfg = Config::load(config).map_err(crate::exit::config)?;
     Ok(Engine::open(cfg, Arc::new(SystemClock))?)
 }
 
 /// For a command that touches every target first (inventory, erase, resume, verify): the
 /// targets are probed while the journal opens.
 pub(crate) fn open_engine_probing(config: &Path) -> Result<Engine, Exit> {
-    let cfg = Config::load(config).map_err(bad)?;
+    let cfg = Config::load(config).map_err(crate::exit::config)?;
     Ok(Engine::open_probing(cfg, Arc::new(SystemClock))?)
 }

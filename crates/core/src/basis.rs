@@ -46,7 +46,7 @@ pub enum DeadlineError {
         basis: Basis,
     },
     /// Past the normal deadline without a recorded reason for the extension.
-    #[error("the deadline {deadline} is past {normal}, {basis}'s normal deadline: give --extension-reason")]
+    #[error("the deadline {deadline} is past {normal}, {basis}'s normal deadline: give `extension_reason`")]
     ExtensionNeedsReason {
         /// The deadline asked for.
         deadline: Date,
@@ -56,7 +56,7 @@ pub enum DeadlineError {
         basis: Basis,
     },
     /// A reason for an extension given with a deadline that extends nothing.
-    #[error("the deadline {deadline} is within {normal}, {basis}'s normal deadline: it is not an extension, so drop --extension-reason")]
+    #[error("the deadline {deadline} is within {normal}, {basis}'s normal deadline: it is not an extension, so drop `extension_reason`")]
     ReasonWithoutExtension {
         /// The deadline asked for.
         deadline: Date,

@@ -28,7 +28,7 @@ use lethe_core::Object;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file cannot be read.
-    #[error("cannot read config {path}: {source}; create one (see `lethe demo` for an example) or pass --config")]
+    #[error("cannot read config {path}: {source}")]
     Read {
         /// The path.
         path: String,

@@ -25,14 +25,16 @@ use lethe_journal::Journal;
 pub use config::Config;
 pub use runner::Progress;
 
-/// Engine errors. Each maps to one exit code; none carries an identifier.
+/// Engine errors. None carries an identifier, and none a caller's wording: a field of the
+/// request is named as the API names it, in backticks (`ticket`, `extension_reason`); the CLI
+/// words it as its flag, and decides the exit codes.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// Bad input or config; nothing was touched (exit 2).
     #[error("{0}")]
     Input(String),
     /// A legal hold refused the job; it stays where it is, touching nothing more (exit 4).
-    #[error("job {job_id} is held by legal hold {}: nothing more was touched; it stays {state} until the hold is released (then `lethe resume {job_id}` or `lethe work` runs it)", holds.join(", "))]
+    #[error("job {job_id} is held by legal hold {}: nothing more was touched; it stays {state} until the hold is released", holds.join(", "))]
     Held {
         /// The job.
         job_id: String,
@@ -51,11 +53,11 @@ pub enum EngineError {
     #[error("{0}; retry when the store is reachable")]
     Target(lethe_adapters::AdapterError),
     /// Another Lethe process is running this job (exit 3).
-    #[error("job {0} is being run by another Lethe process; `lethe job show {0}` follows it")]
+    #[error("job {0} is being run by another Lethe process")]
     Claimed(String),
     /// This process lost its claim on the job mid-run (its control-store connection was
     /// closed): it stops, so two processes never run one job; `lethe work` or `resume` goes on.
-    #[error("job {0}: this process lost its claim on the job (the control store closed its connection) and stopped; run `lethe resume {0}` or `lethe work`")]
+    #[error("job {0}: this process lost its claim on the job (the control store closed its connection) and stopped; resuming it goes on")]
     ClaimLost(String),
     /// Writing the certificate file failed (the job is COMPLETE in the journal; `resume`
     /// writes the file again).
@@ -69,26 +71,6 @@ pub enum EngineError {
     /// The operating system refused something else (a thread for a job, say).
     #[error("{0}")]
     Io(std::io::Error),
-}
-
-impl EngineError {
-    /// The process exit code for this error.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            EngineError::Input(_)
-            | EngineError::Key(_)
-            | EngineError::Journal(lethe_journal::JournalError::BadUrl(_))
-            | EngineError::Journal(lethe_journal::JournalError::UnsupportedUrl(_)) => 2,
-            EngineError::Held { .. } => 4,
-            EngineError::Claimed(_)
-            | EngineError::Journal(lethe_journal::JournalError::GateAuthority)
-            | EngineError::Journal(lethe_journal::JournalError::GateAuthorityTaken) => 3,
-            EngineError::Journal(lethe_journal::JournalError::Io { .. })
-            | EngineError::CertificateFile { .. }
-            | EngineError::Io(_) => 5,
-            _ => 1,
-        }
-    }
 }
 
 /// A validated erasure request.
@@ -422,7 +404,7 @@ impl Engine {
             for t in &self.targets {
                 if let Err(form) = t.adapter.check_version(v) {
                     return Err(input(format!(
-                        "the version (--version) is not one target {} can hold: a memory's \
+                        "the version (`version`) is not one target {} can hold: a memory's \
                          version there is {form}",
                         t.name
                     )));
@@ -521,12 +503,12 @@ impl Engine {
     ) -> Result<String, EngineError> {
         if reason.is_some_and(|r| !one_line(r)) {
             return Err(input(
-                "--reason must be non-empty and one line without control characters",
+                "`reason` must be non-empty and one line without control characters",
             ));
         }
         if reason.is_some_and(|r| r.len() > MAX_NOTE) {
             return Err(input(format!(
-                "--reason is over {MAX_NOTE} bytes: give the matter's reference, not its file"
+                "`reason` is over {MAX_NOTE} bytes: give the matter's reference, not its file"
             )));
         }
         let id = format!("hold-{}", random_hex(4)?);
@@ -569,12 +551,12 @@ impl Engine {
         self.probe_all()?;
         if !one_line(&req.ticket) {
             return Err(input(
-                "--ticket must be a non-empty reference without control characters",
+                "`ticket` must be a non-empty reference without control characters",
             ));
         }
         if req.ticket.len() > MAX_TICKET {
             return Err(input(format!(
-                "--ticket is over {MAX_TICKET} bytes: give the ticket's reference (DSR-1234), \
+                "`ticket` is over {MAX_TICKET} bytes: give the ticket's reference (DSR-1234), \
                  not the request itself"
             )));
         }
@@ -584,18 +566,18 @@ impl Engine {
             .is_some_and(|r| r.len() > MAX_NOTE)
         {
             return Err(input(format!(
-                "--extension-reason is over {MAX_NOTE} bytes: one line saying why"
+                "`extension_reason` is over {MAX_NOTE} bytes: one line saying why"
             )));
         }
         if let Some(r) = &req.extension_reason {
             if !one_line(r) {
                 return Err(input(
-                    "--extension-reason must be non-empty and one line without control characters",
+                    "`extension_reason` must be non-empty and one line without control characters",
                 ));
             }
             if req.deadline.is_none() {
                 return Err(input(
-                    "--extension-reason goes with the --deadline it justifies (a date past the \
+                    "`extension_reason` goes with the `deadline` it justifies (a date past the \
                      basis's first period); without one it would be recorded and do nothing",
                 ));
             }
@@ -691,12 +673,7 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
-        let job = self.journal.job(job_id).map_err(|e| match e {
-            lethe_journal::JournalError::NoSuchJob(_) => {
-                input(format!("no job {job_id}; `lethe jobs` lists them"))
-            }
-            e => e.into(),
-        })?;
+        let job = self.journal.job(job_id)?;
         self.check_scope(&job.scope)?;
         self.journal.prepare_claim();
         self.probe_all()?;

@@ -240,7 +240,7 @@ impl Engine {
             return Err(input(
                 "no target reports a current version of this memory (it is gone from the \
                  versioned stores, or only unversioned stores such as Redis hold it): give \
-                 --version, the version the runtimes' leases record for it (a Redis key is \
+                 `version`, the version the runtimes' leases record for it (a Redis key is \
                  erased whatever it is)",
             ));
         };
@@ -249,7 +249,7 @@ impl Engine {
             let names: Vec<&str> = found.iter().map(|(name, _)| *name).collect();
             return Err(input(format!(
                 "targets {} hold this memory at different versions, and a job erases one \
-                 version: request one job per version, each with --version (the item's \
+                 version: request one job per version, each with `version` (the item's \
                  updated_at in that store)",
                 names.join(", ")
             )));

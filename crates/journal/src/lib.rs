@@ -79,11 +79,13 @@ pub enum JournalError {
         source: lethe_core::state::InvalidTransition,
     },
     /// Stored data does not parse: the database was edited by hand or by a newer Lethe.
-    #[error("control database holds unreadable data ({0}); run `lethe journal verify`")]
+    #[error("control database holds unreadable data ({0})")]
     Corrupt(String),
     /// The hash chain does not verify from the last entry checked ([`Journal::check_chain`]):
     /// no job starts on it. The first problem; `lethe journal verify` lists every one.
-    #[error("the journal's hash chain is broken ({0}): no job starts on a journal that does not verify. `lethe journal verify` lists every problem; restore the journal's database from a backup, or move it aside and start a new journal (its certificates stay verifiable with the deployment key)")]
+    #[error(
+        "the journal's hash chain is broken ({0}): no job starts on a journal that does not verify"
+    )]
     Broken(String),
     /// A gate refusal; see [`gate::GateError`].
     #[error(transparent)]

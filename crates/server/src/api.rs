@@ -262,22 +262,6 @@ fn parse_query<T: serde::de::DeserializeOwned>(query: Option<&str>) -> Result<T,
     })
 }
 
-/// An engine's message in the API's words: the CLI's flags are the request's fields here.
-fn api_words(message: &str) -> String {
-    [
-        ("--extension-reason", "extension_reason"),
-        ("--deadline", "deadline"),
-        ("--ticket", "ticket"),
-        ("--version", "version"),
-        ("--reinventory", "reinventory"),
-        ("--drain-timeout", "drain_timeout_s"),
-    ]
-    .iter()
-    .fold(message.to_string(), |m, (flag, field)| {
-        m.replace(flag, field)
-    })
-}
-
 /// Runs a gate call on a pooled connection, off the async threads.
 async fn gate<T: Send + 'static>(
     state: &State,
@@ -690,7 +674,8 @@ fn scope_of(b: &JobJson) -> Result<Scope, ApiError> {
 
 fn engine_error(e: EngineError) -> ApiError {
     match e {
-        EngineError::Input(m) => ApiError::bad_request(api_words(&m)),
+        // The engine names a request's fields as the API does (`ticket`): no rewording.
+        EngineError::Input(m) => ApiError::bad_request(m),
         EngineError::Held { .. } => ApiError::new(StatusCode::CONFLICT, "held", e.to_string()),
         EngineError::Claimed(_) => ApiError::new(StatusCode::CONFLICT, "claimed", e.to_string()),
         EngineError::Journal(j) => j.into(),

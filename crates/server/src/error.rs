@@ -62,6 +62,16 @@ impl From<JournalError> for ApiError {
     fn from(e: JournalError) -> Self {
         match e {
             JournalError::Gate(g) => g.into(),
+            JournalError::Broken(_) => {
+                // The first problem stays in the server's log: its text names entries and jobs.
+                tracing::error!(error = %e, "The journal does not verify; no job starts.");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "journal_broken",
+                    "the journal's hash chain does not verify: no job starts until it is \
+                     restored (the server log has the first problem)",
+                )
+            }
             JournalError::NoSuchJob(_) => {
                 Self::new(StatusCode::NOT_FOUND, "no_such_job", "no such job")
             }

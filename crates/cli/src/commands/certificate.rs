@@ -79,7 +79,10 @@ pub(crate) fn run(config: &Path, command: CertificateCommand) -> Result<i32, Exi
                     } else {
                         ""
                     };
-                    let cfg = Config::load(config).map_err(|e| bad(format!("{e}{offline}")))?;
+                    let cfg = Config::load(config).map_err(|e| {
+                        let Exit(code, message) = crate::exit::config(e);
+                        Exit(code, anyhow::anyhow!("{message}{offline}"))
+                    })?;
                     lethe_engine::keyfile::load(&cfg.key_file)
                         .map_err(|e| bad(format!("{e}{offline}")))?
                         .verifying_key()
@@ -88,7 +91,7 @@ pub(crate) fn run(config: &Path, command: CertificateCommand) -> Result<i32, Exi
             let cert = Certificate::verify(&doc, &key).map_err(|e| Exit(1, e.into()))?;
             if let Some(ids) = ids {
                 let scope = parse_scope(&ids)?;
-                let cfg = Config::load(config).map_err(bad)?;
+                let cfg = Config::load(config).map_err(crate::exit::config)?;
                 let dk = lethe_engine::keyfile::load(&cfg.key_file).map_err(bad)?;
                 if !cert.is_for(&scope.hash(&dk.scope_key())) {
                     outln!("Signature valid, but the certificate is NOT for that scope.");

@@ -84,7 +84,7 @@ fn print(rows: &[(String, GuardStatus)], json: bool) {
 
 /// Runs one `guard` command; returns the exit code.
 pub(crate) fn run(config: &Path, command: GuardCommand) -> Result<i32, Exit> {
-    let cfg = Config::load(config).map_err(bad)?;
+    let cfg = Config::load(config).map_err(crate::exit::config)?;
     match command {
         GuardCommand::Install { target, json } => {
             let t = find(&cfg, &target)?;

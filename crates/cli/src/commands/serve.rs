@@ -16,7 +16,7 @@ use crate::exit::{bad, Exit};
 const MIN_TOKEN_LEN: usize = 16;
 
 pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
-    let cfg = Config::load(config).map_err(bad)?;
+    let cfg = Config::load(config).map_err(crate::exit::config)?;
     if cfg.serve.tokens.is_empty() {
         return Err(bad(
             "[serve] has no token: add [[serve.token]] with role = \"runtime\" (or \"operator\") and token_file = \"PATH\"",

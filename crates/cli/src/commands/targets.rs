@@ -5,14 +5,14 @@ use std::path::Path;
 use lethe_engine::Config;
 use serde_json::json;
 
-use crate::exit::{bad, Exit};
+use crate::exit::Exit;
 use crate::output::{print_json, Table};
 
 /// Lists the targets and probes each; exit 1 if one does not answer.
 pub(crate) fn run(config: &Path, json: bool) -> Result<i32, Exit> {
     // No journal: this is the connectivity check, and must work while the journal is
     // what is down.
-    let cfg = Config::load(config).map_err(bad)?;
+    let cfg = Config::load(config).map_err(crate::exit::config)?;
     let mut rows = Vec::new();
     for t in &cfg.targets {
         let d = t.adapter.describe();
