@@ -814,7 +814,10 @@ fn a_legal_hold_keeps_the_job_requested_touching_nothing_until_released() {
     // Without --json the refusal says, in the command line's words, what runs the job later.
     let plain = env.run(&ERASE_ALICE[..9]);
     assert_eq!(code(&plain), 4);
-    says(&plain, &format!("(then `lethe resume {job}` or `lethe work` runs it)"));
+    says(
+        &plain,
+        &format!("(then `lethe resume {job}` or `lethe work` runs it)"),
+    );
     // A hold on the tenant holds a tenant-scope erase too; bob is not held.
     let (c, _) = env.json(&[
         "erase",

@@ -2021,3 +2021,35 @@ fn idle_connections_without_a_token_never_keep_a_runtime_out() {
         "the oldest unproven connection was closed"
     );
 }
+
+/// A job asked for over HTTP on a journal whose chain does not verify is refused with 500
+/// `journal_broken`, in the API's words, and nothing is erased.
+#[test]
+fn a_job_on_a_broken_journal_is_refused_as_journal_broken() {
+    let env = Env::new(Backend::Sqlite, Arc::new(SystemClock));
+    let first = env.erase("bob", 5);
+    env.wait_job(&first, |v| v["state"] == "COMPLETE");
+    let path = env.journal.strip_prefix("sqlite:").unwrap();
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .execute("UPDATE journal SET body = body || ' ' WHERE seq = 1", [])
+        .unwrap();
+    let e = env
+        .operator()
+        .create_job(
+            &json!({"tenant": "acme", "subject": "alice", "basis": "gdpr-art17", "ticket": "T-2"}),
+        )
+        .unwrap_err();
+    let m = e.to_string();
+    assert!(
+        matches!(&e, lethe_client::Error::Refused { status: 500, .. }),
+        "{m}"
+    );
+    assert_eq!(code(e), "journal_broken", "{m}");
+    assert!(!m.contains("lethe ") && !m.contains("entry 1"), "{m}");
+    assert_eq!(
+        env.count("SELECT count(*) FROM jobs"),
+        1,
+        "no job was added"
+    );
+}
