@@ -10,7 +10,7 @@
 
 pub mod config;
 pub mod keyfile;
-mod runner;
+mod run;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use lethe_core::{Basis, BlockedReason, JobState, Scope};
 use lethe_journal::Journal;
 
 pub use config::Config;
-pub use runner::Progress;
+pub use run::Progress;
 
 /// Engine errors. None carries an identifier, and none a caller's wording: a field of the
 /// request is named as the API names it, in backticks (`ticket`, `extension_reason`); the CLI
