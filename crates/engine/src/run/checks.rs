@@ -1,14 +1,14 @@
 //! The runner's tamper checks: a job's row, its frozen locators, its targets, its claim and
 //! the holds are checked against the chain before the work they would steer.
 
-use std::sync::Mutex;
-
 use lethe_adapters::{Locator, Target};
 use lethe_core::JobState;
-use lethe_journal::jobs::{Claim, JobRecord};
+use lethe_journal::jobs::JobRecord;
 use lethe_journal::Entry;
 
 use crate::{input, Engine, EngineError};
+
+use super::Run;
 
 impl Engine {
     /// Refuses to erase a target whose stored frozen locators differ from the keyed digest
@@ -49,35 +49,6 @@ impl Engine {
                 job.job_id, t.name
             ),
         )))
-    }
-
-    /// [`EngineError::ClaimLost`] once this process's claim on the job no longer holds.
-    pub(super) fn refuse_if_claim_lost(
-        &self,
-        job_id: &str,
-        claim: &Mutex<&mut Claim>,
-    ) -> Result<(), EngineError> {
-        if claim.lock().unwrap_or_else(|p| p.into_inner()).holds() {
-            return Ok(());
-        }
-        tracing::warn!(job = %job_id, "Lost the claim on the job; stopping.");
-        Err(EngineError::ClaimLost(job_id.to_string()))
-    }
-
-    /// Before each batch a target erases: the claim still holds, and no legal hold covers the
-    /// job now. Found by review: a hold placed while a job ran (after its last check, at the
-    /// start of the run) did not stop it, and its held rows were erased; a runner whose claim
-    /// was lost mid-erase (its connection cut, another process resuming the job) kept erasing,
-    /// after that process completed the job too. Either stops the run where it is, touching
-    /// nothing more: a hold until it is released (exit 4), a lost claim for the process that
-    /// holds it now.
-    pub(super) fn may_erase(
-        &self,
-        job: &JobRecord,
-        claim: &Mutex<&mut Claim>,
-    ) -> Result<(), EngineError> {
-        self.refuse_if_claim_lost(&job.job_id, claim)?;
-        self.refuse_if_job_held(job)
     }
 
     /// Refuses a job whose row or progress differs from what its chain entries record.
@@ -181,5 +152,28 @@ impl Engine {
             });
         }
         Ok(())
+    }
+}
+
+impl Run<'_> {
+    /// [`EngineError::ClaimLost`] once this process's claim on the job no longer holds.
+    pub(super) fn refuse_if_claim_lost(&self, job_id: &str) -> Result<(), EngineError> {
+        if self.claim.lock().unwrap_or_else(|p| p.into_inner()).holds() {
+            return Ok(());
+        }
+        tracing::warn!(job = %job_id, "Lost the claim on the job; stopping.");
+        Err(EngineError::ClaimLost(job_id.to_string()))
+    }
+
+    /// Before each batch a target erases: the claim still holds, and no legal hold covers the
+    /// job now. Found by review: a hold placed while a job ran (after its last check, at the
+    /// start of the run) did not stop it, and its held rows were erased; a runner whose claim
+    /// was lost mid-erase (its connection cut, another process resuming the job) kept erasing,
+    /// after that process completed the job too. Either stops the run where it is, touching
+    /// nothing more: a hold until it is released (exit 4), a lost claim for the process that
+    /// holds it now.
+    pub(super) fn may_erase(&self, job: &JobRecord) -> Result<(), EngineError> {
+        self.refuse_if_claim_lost(&job.job_id)?;
+        self.refuse_if_job_held(job)
     }
 }

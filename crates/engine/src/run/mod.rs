@@ -74,24 +74,34 @@ enum Checked {
 /// feature (the CLI's tests turn it on): a release build holds neither the points nor their
 /// names.
 macro_rules! pause_point {
-    ($engine:expr, $opts:expr, $($point:tt)+) => {
+    ($run:expr, $($point:tt)+) => {
         #[cfg(feature = "test-pause")]
-        $engine.pause_point($opts, &format!($($point)+));
-        #[cfg(not(feature = "test-pause"))]
-        let _ = &$opts;
+        $run.pause_point(&format!($($point)+));
     };
 }
 
-// After the macro: the steps use it.
-mod certify;
-mod checks;
-mod parallel;
-mod steps;
+/// One job's run: what every step needs besides the job itself (the engine it runs in, the
+/// options it was asked with, and its claim, which each step checks still holds). A `Run` is
+/// the engine to its steps (`Deref`): they read `self.journal`, `self.targets` as before.
+pub(super) struct Run<'a> {
+    engine: &'a Engine,
+    opts: &'a RunOptions,
+    /// Behind a lock: the targets' threads check it before each batch.
+    claim: Mutex<&'a mut Claim>,
+}
 
-impl Engine {
+impl std::ops::Deref for Run<'_> {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        self.engine
+    }
+}
+
+impl Run<'_> {
     #[cfg(feature = "test-pause")]
-    fn pause_point(&self, opts: &RunOptions, point: &str) {
-        if let Some((at, marker)) = &opts.pause_at {
+    fn pause_point(&self, point: &str) {
+        if let Some((at, marker)) = &self.opts.pause_at {
             if at == point {
                 // Hangs until a test kills the process, or removes the marker to let it go on.
                 let _ = std::fs::write(marker, point);
@@ -101,7 +111,15 @@ impl Engine {
             }
         }
     }
+}
 
+// After the macro: the steps use it.
+mod certify;
+mod checks;
+mod parallel;
+mod steps;
+
+impl Engine {
     fn block(
         &self,
         job: &str,
@@ -386,25 +404,29 @@ impl Engine {
                 return self.outcome(job_id);
             }
         }
-        let claim = Mutex::new(claim);
+        let run = Run {
+            engine: self,
+            opts,
+            claim: Mutex::new(claim),
+        };
         loop {
             let job = self.journal.job(job_id)?;
             progress(Progress::State(job.state));
             // Each step starts under a claim that still holds; the steps are idempotent, and a
             // second runner's transitions would be refused, but its adapters' work would not.
             if job.state != JobState::Complete {
-                self.refuse_if_claim_lost(job_id, &claim)?;
+                run.refuse_if_claim_lost(job_id)?;
             }
             let step = match job.state {
                 JobState::Complete => {
                     self.certificate_file(&job)?;
                     return self.outcome(job_id);
                 }
-                JobState::Requested => self.step_requested(&job)?,
-                JobState::Frozen => self.step_frozen(&job, opts, progress)?,
-                JobState::Deleting => self.step_deleting(&job, opts, progress, &claim)?,
-                JobState::Verifying => self.step_verifying(&job, opts, progress)?,
-                JobState::Blocked => self.step_resume(&job, opts, progress)?,
+                JobState::Requested => run.step_requested(&job)?,
+                JobState::Frozen => run.step_frozen(&job, progress)?,
+                JobState::Deleting => run.step_deleting(&job, progress)?,
+                JobState::Verifying => run.step_verifying(&job, progress)?,
+                JobState::Blocked => run.step_resume(&job, progress)?,
             };
             if let Step::Blocked = step {
                 return self.outcome(job_id);

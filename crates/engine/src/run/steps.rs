@@ -2,23 +2,22 @@
 //! (DELETING), the verification (VERIFYING) and the resume of a BLOCKED job.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use lethe_adapters::{AdapterError, Applicability, Fence, Target};
 use lethe_core::certificate::{self, Certificate, TargetRecord, TargetStatus};
 use lethe_core::{BlockedReason, Scope};
-use lethe_journal::jobs::{Claim, JobRecord};
+use lethe_journal::jobs::JobRecord;
 use lethe_journal::Entry;
 
-use crate::{input, rfc3339, short, Engine, EngineError, RunOptions};
+use crate::{input, rfc3339, short, Engine, EngineError};
 
 use super::*;
 
-impl Engine {
+impl Run<'_> {
     /// Adds what each target with residue holds for the scope now to its inventory.
     pub(super) fn reinventory(&self, job: &JobRecord) -> Result<Step, EngineError> {
-        let scope = Self::frozen_scope(job);
+        let scope = Engine::frozen_scope(job);
         for t in &self.targets {
             let (_, _, residue) = self.journal.progress(&job.job_id, &t.name)?;
             if residue.unwrap_or(0) == 0 {
@@ -59,10 +58,9 @@ impl Engine {
     pub(super) fn drain(
         &self,
         job: &str,
-        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<u64, EngineError> {
-        let deadline = self.clock.now() + opts.drain_timeout;
+        let deadline = self.clock.now() + self.opts.drain_timeout;
         loop {
             let n =
                 self.journal.undrained(job)? + self.gate.as_ref().map_or(0, |g| g.undrained(job));
@@ -80,10 +78,9 @@ impl Engine {
     pub(super) fn take_inventories(
         &self,
         job: &JobRecord,
-        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
-        let scope = Self::frozen_scope(job);
+        let scope = Engine::frozen_scope(job);
         let mut todo = Vec::new();
         for t in &self.targets {
             if self.journal.progress(&job.job_id, &t.name)?.0.is_none() {
@@ -91,7 +88,7 @@ impl Engine {
             }
         }
         let done = self.each_target(todo, progress, |t, report| {
-            self.inventory_target(job, &scope, t, opts, report)
+            self.inventory_target(job, &scope, t, report)
         });
         for (t, r) in done {
             if let Some(e) = r? {
@@ -116,10 +113,9 @@ impl Engine {
         job: &JobRecord,
         scope: &Scope,
         t: &Target,
-        opts: &RunOptions,
     ) -> Result<lethe_adapters::Inventory, AdapterError> {
         let mut inv = t.adapter.inventory(scope)?;
-        pause_point!(self, opts, "after-inventory-read:{}", t.name);
+        pause_point!(self, "after-inventory-read:{}", t.name);
         let Some(g) = t.adapter.guard() else {
             return Ok(inv);
         };
@@ -149,7 +145,6 @@ impl Engine {
         job: &JobRecord,
         scope: &Scope,
         t: &Target,
-        opts: &RunOptions,
         report: &dyn Fn(Progress),
     ) -> Result<Option<AdapterError>, EngineError> {
         let (count, locators, event) = match t.adapter.check_scope(scope).map_err(input)? {
@@ -168,7 +163,7 @@ impl Engine {
                 };
                 (0, Vec::new(), event)
             }
-            Applicability::Applies => match self.inventory_guarded(job, scope, t, opts) {
+            Applicability::Applies => match self.inventory_guarded(job, scope, t) {
                 Ok(inv) => {
                     tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
                     let event = Progress::Inventoried {
@@ -196,7 +191,6 @@ impl Engine {
     pub(super) fn step_frozen(
         &self,
         job: &JobRecord,
-        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
         // The sinks' own fence first (FROZEN to COMPLETE): from here a writer that bypasses the
@@ -205,14 +199,14 @@ impl Engine {
             return Ok(Step::Blocked);
         }
         // Inventory after the drain: once earlier permits are done, nothing can add rows.
-        let undrained = self.drain(&job.job_id, opts, progress)?;
+        let undrained = self.drain(&job.job_id, progress)?;
         if undrained > 0 {
             return self.block(&job.job_id, BlockedReason::Undrained, None, format!("{undrained} permits issued before the freeze are neither released nor confirmed cancelled"));
         }
-        if let Step::Blocked = self.take_inventories(job, opts, progress)? {
+        if let Step::Blocked = self.take_inventories(job, progress)? {
             return Ok(Step::Blocked);
         }
-        pause_point!(self, opts, "after-inventory");
+        pause_point!(self, "after-inventory");
         self.journal
             .record(&self.now_rfc3339(), &job.job_id, &Entry::Drained)?;
         Ok(Step::Next)
@@ -224,9 +218,7 @@ impl Engine {
         &self,
         job: &JobRecord,
         t: &Target,
-        opts: &RunOptions,
         report: &dyn Fn(Progress),
-        claim: &Mutex<&mut Claim>,
     ) -> Result<Option<AdapterError>, EngineError> {
         let (inventoried, erased, _) = self.journal.progress(&job.job_id, &t.name)?;
         if erased.is_some() {
@@ -239,7 +231,7 @@ impl Engine {
         };
         debug_assert_eq!(inventoried, Some(count));
         self.refuse_if_locators_edited(job, t, &locators)?;
-        let scope = Self::frozen_scope(job);
+        let scope = Engine::frozen_scope(job);
         // The guard learns what is erased before it is erased: a late write to an erased
         // thread or item is refused from the first deleted row on (LangGraph issue 7206).
         if let Some(g) = t.adapter.guard() {
@@ -268,12 +260,12 @@ impl Engine {
         };
         let batches_len = batches.len();
         for (i, batch) in batches.into_iter().enumerate() {
-            self.may_erase(job, claim)?;
+            self.may_erase(job)?;
             let rows = match t.adapter.erase_batch(&scope, batch) {
                 Ok(n) => n,
                 Err(e) => return Ok(Some(e)),
             };
-            pause_point!(self, opts, "after-batch-commit:{}:{}", t.name, i + 1);
+            pause_point!(self, "after-batch-commit:{}:{}", t.name, i + 1);
             let entry = Entry::BatchErased {
                 target: t.name.clone(),
                 locators: batch.len() as u64,
@@ -299,7 +291,7 @@ impl Engine {
                 done,
                 total: locators.len(),
             });
-            pause_point!(self, opts, "after-batch-journal:{}:{}", t.name, i + 1);
+            pause_point!(self, "after-batch-journal:{}:{}", t.name, i + 1);
         }
         if batches_len == 0 {
             self.journal
@@ -312,26 +304,24 @@ impl Engine {
     pub(super) fn step_deleting(
         &self,
         job: &JobRecord,
-        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
-        claim: &Mutex<&mut Claim>,
     ) -> Result<Step, EngineError> {
         // A job resumed from a block in FROZEN may not have every inventory yet.
-        if let Step::Blocked = self.take_inventories(job, opts, progress)? {
+        if let Step::Blocked = self.take_inventories(job, progress)? {
             return Ok(Step::Blocked);
         }
         // All targets at once; an adapter error blocks the job on the first such target in
         // configuration order, and what the others erased stays journaled.
         let targets = self.targets.iter().collect();
         let done = self.each_target(targets, progress, |t, report| {
-            self.erase_target(job, t, opts, report, claim)
+            self.erase_target(job, t, report)
         });
         for (t, r) in done {
             if let Some(e) = r? {
                 return self.block_on(&job.job_id, &t.name, e);
             }
         }
-        pause_point!(self, opts, "before-verify");
+        pause_point!(self, "before-verify");
         self.journal
             .record(&self.now_rfc3339(), &job.job_id, &Entry::TargetsErased)?;
         Ok(Step::Next)
@@ -340,10 +330,9 @@ impl Engine {
     pub(super) fn step_verifying(
         &self,
         job: &JobRecord,
-        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
-        let scope = Self::frozen_scope(job);
+        let scope = Engine::frozen_scope(job);
         // All targets at once, then, in configuration order, the first failure or residue
         // blocks the job.
         let targets = self.targets.iter().collect();
@@ -387,7 +376,7 @@ impl Engine {
         if let Step::Blocked = self.guards(job, "fence_opened", |g, f| g.open(f))? {
             return Ok(Step::Blocked);
         }
-        pause_point!(self, opts, "before-complete");
+        pause_point!(self, "before-complete");
         // The certificate is built from the job's row and progress: they must say what the
         // chain recorded, or an edit of those tables would be signed.
         self.refuse_if_projection_edited(&job.job_id, "no certificate is signed")?;
@@ -397,7 +386,7 @@ impl Engine {
             scope: job.scope.kind(),
             // A memory scope's hash binds the version frozen, which a request without one
             // did not name: the certificate says which version is gone.
-            scope_hash: self.scope_hash(&Self::frozen_scope(job)),
+            scope_hash: self.scope_hash(&Engine::frozen_scope(job)),
             subject_epoch: job.subject_epoch,
             tenant_epoch: job.tenant_epoch,
             basis: job.basis,
@@ -419,7 +408,7 @@ impl Engine {
         // journal (`certificate_file`).
         self.journal
             .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
-        pause_point!(self, opts, "before-certificate-file");
+        pause_point!(self, "before-certificate-file");
         self.write_certificate(&job.job_id, &signed)?;
         if let Some(g) = &self.gate {
             g.job_completed(&job.job_id);
@@ -470,7 +459,6 @@ impl Engine {
     pub(super) fn step_resume(
         &self,
         job: &JobRecord,
-        opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
         // A hold placed while the job was blocked stops it here: preservation wins over
@@ -502,12 +490,12 @@ impl Engine {
             }
         }
         // Nothing is erased while a permit from before the freeze may still write.
-        let undrained = self.drain(&job.job_id, opts, progress)?;
+        let undrained = self.drain(&job.job_id, progress)?;
         if undrained > 0 {
             tracing::warn!(job = %job.job_id, undrained, "Still undrained; the job stays blocked.");
             return Ok(Step::Blocked);
         }
-        if opts.reinventory && job.blocked_reason == Some(BlockedReason::Residue) {
+        if self.opts.reinventory && job.blocked_reason == Some(BlockedReason::Residue) {
             if let Step::Blocked = self.reinventory(job)? {
                 return Ok(Step::Blocked);
             }
