@@ -28,7 +28,7 @@ pub enum Basis {
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum DeadlineError {
     /// Before the request was received.
-    #[error("the deadline {deadline} is before the request date {received}")]
+    #[error("the deadline asked for is before the request date {received}")]
     BeforeReceipt {
         /// The deadline asked for.
         deadline: Date,
@@ -36,7 +36,9 @@ pub enum DeadlineError {
         received: Date,
     },
     /// Past the longest extension the basis allows.
-    #[error("the deadline {deadline} is past {latest}, the latest {basis} allows even with an extension")]
+    #[error(
+        "the deadline asked for is past {latest}, the latest {basis} allows even with an extension"
+    )]
     PastLimit {
         /// The deadline asked for.
         deadline: Date,
@@ -46,7 +48,7 @@ pub enum DeadlineError {
         basis: Basis,
     },
     /// Past the normal deadline without a recorded reason for the extension.
-    #[error("the deadline {deadline} is past {normal}, {basis}'s normal deadline: give `extension_reason`")]
+    #[error("the deadline asked for is past {normal}, {basis}'s normal deadline: give `extension_reason`")]
     ExtensionNeedsReason {
         /// The deadline asked for.
         deadline: Date,
@@ -56,7 +58,7 @@ pub enum DeadlineError {
         basis: Basis,
     },
     /// A reason for an extension given with a deadline that extends nothing.
-    #[error("the deadline {deadline} is within {normal}, {basis}'s normal deadline: it is not an extension, so drop `extension_reason`")]
+    #[error("the deadline asked for is within {normal}, {basis}'s normal deadline: it is not an extension, so drop `extension_reason`")]
     ReasonWithoutExtension {
         /// The deadline asked for.
         deadline: Date,

@@ -49,9 +49,13 @@ pub fn redact_quoted(message: &str) -> String {
             return out;
         };
         let quoted = &after[..end];
-        // A field the caller made up is a value too: it may be built from an identifier.
-        let is_value =
-            q == '"' || VALUE.iter().any(|w| out.ends_with(w)) || out.ends_with("unknown field ");
+        // A key the caller made up is a value too: it may be built from an identifier (serde's
+        // unknown field, TOML's duplicate or dotted key).
+        let is_value = q == '"'
+            || VALUE.iter().any(|w| out.ends_with(w))
+            || ["unknown field ", "duplicate key ", "dotted key "]
+                .iter()
+                .any(|w| out.ends_with(w));
         out.push(q);
         out.push_str(if is_value { "…" } else { quoted });
         out.push(q);
@@ -114,6 +118,10 @@ mod tests {
         let r =
             redact_quoted("unknown field `zz-secret-field`, expected one of `tenant`, `subject`");
         assert_eq!(r, "unknown field `…`, expected one of `tenant`, `subject`");
+        assert_eq!(
+            redact_quoted("duplicate key `alice` in table `target`"),
+            "duplicate key `…` in table `target`"
+        );
         // However field-like: `alice` is a name.
         assert_eq!(
             redact_quoted("unknown field `alice`, expected `tenant`"),

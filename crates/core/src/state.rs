@@ -160,9 +160,10 @@ pub fn transition(state: JobState, event: Event) -> Result<JobState, InvalidTran
             ),
         ) => S::Blocked,
         (S::Verifying, E::VerifiedClean) => S::Complete,
-        (S::Verifying, E::Blocked(R::Residue | R::TargetUnavailable | R::TargetFailed)) => {
-            S::Blocked
-        }
+        (
+            S::Verifying,
+            E::Blocked(R::Residue | R::TargetUnavailable | R::TargetFailed | R::TargetReadOnly),
+        ) => S::Blocked,
         (S::Blocked, E::Resumed) => S::Deleting,
         _ => return Err(InvalidTransition { state, event }),
     };
@@ -218,6 +219,7 @@ mod tests {
                 (S::Verifying, E::Blocked(R::Residue)) => S::Blocked,
                 (S::Verifying, E::Blocked(R::TargetUnavailable)) => S::Blocked,
                 (S::Verifying, E::Blocked(R::TargetFailed)) => S::Blocked,
+                (S::Verifying, E::Blocked(R::TargetReadOnly)) => S::Blocked,
                 (S::Blocked, E::Resumed) => S::Deleting,
                 _ => return None,
             })
@@ -235,7 +237,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(allowed, 17);
+        assert_eq!(allowed, 18);
     }
 
     #[test]

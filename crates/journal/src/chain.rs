@@ -599,6 +599,22 @@ fn chain_problem_since(tx: &mut dyn Tx, mark: Option<(i64, String)>) -> Result<C
         prev = hash;
         expected = seq + 1;
     }
+    if from == 0 && rows.is_empty() {
+        // No entry at all, yet jobs or holds: the chain was emptied under them.
+        let rows_left = tx
+            .one(
+                "SELECT (SELECT count(*) FROM jobs) + (SELECT count(*) FROM holds)",
+                &[],
+            )
+            .map_err(db)?
+            .i()
+            .unwrap_or(0);
+        if rows_left > 0 {
+            return Ok(Err(
+                "the journal has no entries, yet it has jobs or holds".into()
+            ));
+        }
+    }
     if from > 0 && rows.first().and_then(|r| r[0].i()) != Some(from) {
         return Ok(Err(format!("entry {from}, checked before, is gone")));
     }
@@ -659,13 +675,21 @@ impl Journal {
     /// already is found by the full [`Journal::verify_chain`] (and by this check, if it is the
     /// entry the mark names).
     pub fn check_chain(&self) -> Result<()> {
-        let problem = self.write(|tx| {
+        // The walk from the mark in a read first: the first check of a long journal (no mark
+        // yet) holds no lock while it hashes every entry.
+        let walked = match self.read(|tx| {
             let mark = checked_mark(tx)?;
-            match chain_problem_since(tx, mark)? {
-                Ok(Some(last)) => set_checked_mark(tx, &last).map(|_| None),
-                Ok(None) => Ok(None),
-                Err(problem) => Ok(Some(problem)),
-            }
+            chain_problem_since(tx, mark)
+        })? {
+            Ok(last) => last,
+            Err(problem) => return Err(JournalError::Broken(problem)),
+        };
+        // Then, under the write lock, from the last entry walked to the head (the entries
+        // appended meanwhile), and the mark moved there.
+        let problem = self.write(|tx| match chain_problem_since(tx, walked)? {
+            Ok(Some(last)) => set_checked_mark(tx, &last).map(|_| None),
+            Ok(None) => Ok(None),
+            Err(problem) => Ok(Some(problem)),
         })?;
         match problem {
             Some(p) => Err(JournalError::Broken(p)),

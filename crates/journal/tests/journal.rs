@@ -483,6 +483,9 @@ fn the_start_check_covers_every_entry_since_the_last_check(st: Store) {
     run_to_blocked(&j, &b);
     st.raw("DELETE FROM journal WHERE seq = (SELECT max(seq) FROM journal)");
     assert!(broken(&j).contains("head record"));
+    // Every entry, the head and the mark gone, while the jobs stay: an emptied chain.
+    st.raw("DELETE FROM journal; DELETE FROM lethe_meta WHERE k IN ('head', 'checked')");
+    assert!(broken(&j).contains("no entries, yet it has jobs"));
 }
 
 fn detects_reordered_entries(st: Store) {

@@ -793,7 +793,10 @@ async fn resume_job(
     authorize(&state, &headers, Role::Operator)?;
     let job_id = path(job_id)?;
     // The body is optional: parsed here, so its errors have the API's shape and redaction.
-    let b = b.map_err(|_| ApiError::bad_request("the body could not be read"))?;
+    let b = b.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(),
+        _ => ApiError::bad_request("the body could not be read"),
+    })?;
     let b: ResumeJson = if b.iter().all(u8::is_ascii_whitespace) {
         ResumeJson::default()
     } else {
@@ -808,6 +811,8 @@ async fn resume_job(
     let state_now = tokio::task::spawn_blocking(move || {
         let state_now = engine.outcome(&job_id)?.state;
         if state_now != JobState::Complete {
+            // Refused now, as a new job is: the run in the background would stop at once.
+            engine.journal().check_chain()?;
             engine.refuse_if_held(&job_id)?;
         }
         run_in_background(Arc::clone(&**engine), job_id, opts)?;

@@ -2,7 +2,8 @@
 //!
 //! - A connection is **unproven** until one of its requests carries a valid bearer token, then
 //!   **proven**. At most [`MAX_UNPROVEN`] unproven connections are kept: a new one past that
-//!   closes the oldest unproven one. At most [`MAX_CONNECTIONS`] proven ones are kept, and none
+//!   closes the oldest idle unproven one (one with a request in flight is never closed, so no
+//!   answer is lost after the gate acted; when all have one, the new connection is closed). At most [`MAX_CONNECTIONS`] proven ones are kept, and none
 //!   is ever closed to make room. So connections opened without a token, however many and
 //!   however idle, cost a bounded slice of the server and never stop a runtime with a token
 //!   from being answered: its connection is accepted, proven by its first request, and safe.
@@ -27,6 +28,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::response::IntoResponse;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -45,29 +47,50 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// within milliseconds of connecting, so it is proven long before this many others arrive.
 pub const MAX_UNPROVEN: usize = 256;
 
+/// One request's answer, as the connection's service gives it.
+type Answer = Pin<
+    Box<dyn Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send>,
+>;
+
 /// Whether a request's headers carry a valid bearer token (of any role).
 pub(crate) type Authenticate = Arc<dyn Fn(&hyper::HeaderMap) -> bool + Send + Sync>;
 
 /// The connections kept, unproven and proven (see the module documentation).
 struct Admission {
     proven: Arc<Semaphore>,
-    /// Unproven connections by arrival, each with the signal that closes it.
-    unproven: Mutex<BTreeMap<u64, Arc<Notify>>>,
+    /// Unproven connections by arrival: the signal that closes each, and how many of its
+    /// requests are being answered (one with a request in flight is never closed to make room:
+    /// its answer would be lost after the gate acted on it).
+    unproven: Mutex<BTreeMap<u64, (Arc<Notify>, usize)>>,
 }
 
 impl Admission {
-    /// Registers a new connection as unproven, closing the oldest unproven one if it is full.
-    fn admit(&self, id: u64) -> Arc<Notify> {
+    /// Registers a new connection as unproven, closing the oldest idle unproven one if there
+    /// are [`MAX_UNPROVEN`]; `None` when every one of those has a request in flight (the new
+    /// connection is then closed at once).
+    fn admit(&self, id: u64) -> Option<Arc<Notify>> {
         let close = Arc::new(Notify::new());
         let mut unproven = self.unproven.lock().unwrap_or_else(|p| p.into_inner());
         if unproven.len() >= MAX_UNPROVEN {
-            if let Some((_, oldest)) = unproven.pop_first() {
+            let oldest_idle = unproven
+                .iter()
+                .find(|(_, (_, busy))| *busy == 0)
+                .map(|(k, _)| *k)?;
+            if let Some((oldest, _)) = unproven.remove(&oldest_idle) {
                 // Stored if its task is not waiting yet: it closes as soon as it looks.
                 oldest.notify_one();
             }
         }
-        unproven.insert(id, Arc::clone(&close));
-        close
+        unproven.insert(id, (Arc::clone(&close), 0));
+        Some(close)
+    }
+
+    /// Marks a request of an unproven connection in flight until the guard drops; `None` when
+    /// the connection was closed to make room meanwhile (the request is then not served).
+    fn start(self: &Arc<Self>, id: u64) -> Option<InFlight> {
+        let mut unproven = self.unproven.lock().unwrap_or_else(|p| p.into_inner());
+        unproven.get_mut(&id)?.1 += 1;
+        Some(InFlight(Arc::clone(self), id))
     }
 
     /// Proves a connection: it takes a proven slot, if one is free, and can no longer be
@@ -85,6 +108,18 @@ impl Admission {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
+    }
+}
+
+/// A request of an unproven connection in flight ([`Admission::start`]).
+struct InFlight(Arc<Admission>, u64);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut unproven = self.0.unproven.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, busy)) = unproven.get_mut(&self.1) {
+            *busy = busy.saturating_sub(1);
+        }
     }
 }
 
@@ -130,18 +165,46 @@ pub(crate) async fn serve(
         });
         let id = next_id;
         next_id += 1;
-        let evicted = admission.admit(id);
+        // Every unproven connection has a request in flight: this one is closed at once.
+        let Some(evicted) = admission.admit(id) else {
+            continue;
+        };
         let app = app.clone();
         let (admission_c, authenticate) = (Arc::clone(&admission), Arc::clone(&authenticate));
         // The proven slot, once a request carried a token; dropped with the connection.
         let slot: Mutex<Option<OwnedSemaphorePermit>> = Mutex::new(None);
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-            let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-            if slot.is_none() && authenticate(req.headers()) {
-                *slot = admission_c.prove(id);
+            let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if held.is_none() && authenticate(req.headers()) {
+                *held = admission_c.prove(id);
             }
-            drop(slot);
-            hyper::service::Service::call(&app, req.map(|b| Body::new(Timed::new(b, idle))))
+            // An unproven connection's request is marked in flight, so it is not closed to make
+            // room before its answer is written; one closed already is not served.
+            let in_flight = match held.is_some() {
+                true => None,
+                false => match admission_c.start(id) {
+                    Some(f) => Some(f),
+                    None => {
+                        return Box::pin(async {
+                            Ok(crate::ApiError::new(
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                "unavailable",
+                                "the server closed this connection to make room; retry on a \
+                                 new connection, with a token",
+                            )
+                            .into_response())
+                        }) as Answer
+                    }
+                },
+            };
+            drop(held);
+            let answer =
+                hyper::service::Service::call(&app, req.map(|b| Body::new(Timed::new(b, idle))));
+            Box::pin(async move {
+                let out = answer.await;
+                drop(in_flight);
+                out
+            }) as Answer
         });
         let mut closing = closing_rx.clone();
         let admission_t = Arc::clone(&admission);
