@@ -543,12 +543,20 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
     Ok(out)
 }
 
-/// The hash chain from the entry `mark` names (`seq:hash`, the last one checked) to the head:
-/// each entry's hash over its content, its link to the one before, no gap, and the head record
-/// at its end. The last entry checked (`None`: no entry yet), or the first problem.
+/// What [`chain_problem_since`] found: the last entry checked (`None`: no entry yet), or the
+/// first problem.
 type Checked = std::result::Result<Option<(i64, String)>, String>;
 
-fn chain_problem_since(tx: &mut dyn Tx, mark: Option<(i64, String)>) -> Result<Checked> {
+/// The hash chain from the entry `mark` names (`seq:hash`, the last one checked) to the head:
+/// each entry's hash over its content, its link to the one before, no gap, and the mark's entry
+/// still there. `whole`: also the head record and an emptied chain, which only a transaction that holds the
+/// write lock may compare with the entries (outside one, an entry appended between two reads
+/// would look like a cut).
+fn chain_problem_since(
+    tx: &mut dyn Tx,
+    mark: Option<(i64, String)>,
+    whole: bool,
+) -> Result<Checked> {
     let (from, mut prev) = match &mark {
         Some((seq, hash)) => (*seq, hash.clone()),
         None => (0, GENESIS.to_string()),
@@ -599,6 +607,12 @@ fn chain_problem_since(tx: &mut dyn Tx, mark: Option<(i64, String)>) -> Result<C
         prev = hash;
         expected = seq + 1;
     }
+    if from > 0 && rows.first().and_then(|r| r[0].i()) != Some(from) {
+        return Ok(Err(format!("entry {from}, checked before, is gone")));
+    }
+    if !whole {
+        return Ok(Ok((expected > 1).then_some((expected - 1, prev))));
+    }
     if from == 0 && rows.is_empty() {
         // No entry at all, yet jobs or holds: the chain was emptied under them.
         let rows_left = tx
@@ -614,9 +628,6 @@ fn chain_problem_since(tx: &mut dyn Tx, mark: Option<(i64, String)>) -> Result<C
                 "the journal has no entries, yet it has jobs or holds".into()
             ));
         }
-    }
-    if from > 0 && rows.first().and_then(|r| r[0].i()) != Some(from) {
-        return Ok(Err(format!("entry {from}, checked before, is gone")));
     }
     let head = tx
         .row("SELECT v FROM lethe_meta WHERE k = 'head'", &[])
@@ -679,14 +690,14 @@ impl Journal {
         // yet) holds no lock while it hashes every entry.
         let walked = match self.read(|tx| {
             let mark = checked_mark(tx)?;
-            chain_problem_since(tx, mark)
+            chain_problem_since(tx, mark, false)
         })? {
             Ok(last) => last,
             Err(problem) => return Err(JournalError::Broken(problem)),
         };
         // Then, under the write lock, from the last entry walked to the head (the entries
         // appended meanwhile), and the mark moved there.
-        let problem = self.write(|tx| match chain_problem_since(tx, walked)? {
+        let problem = self.write(|tx| match chain_problem_since(tx, walked, true)? {
             Ok(Some(last)) => set_checked_mark(tx, &last).map(|_| None),
             Ok(None) => Ok(None),
             Err(problem) => Ok(Some(problem)),
