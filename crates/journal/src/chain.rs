@@ -669,7 +669,9 @@ impl Journal {
     /// Walks the whole chain and replays every job. Read-only, but for one record: an intact
     /// chain's head becomes the mark [`Journal::check_chain`] starts from.
     pub fn verify_chain(&self) -> Result<ChainReport> {
-        let report = self.read(verify_tx)?;
+        // One snapshot: an entry appended by another process between reading the entries and
+        // the head would otherwise look like a cut.
+        let report = self.read_snapshot(verify_tx)?;
         if let (true, Some(last)) = (report.is_intact(), &report.last) {
             // Best effort: a journal this process may only read is still verified.
             if let Err(e) = self.write(|tx| set_checked_mark(tx, last)) {

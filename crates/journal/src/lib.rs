@@ -692,6 +692,40 @@ impl Journal {
         }
     }
 
+    /// [`Journal::read`] in one snapshot: every statement of `f` sees the store as of one
+    /// moment, whatever other processes append meanwhile (a read-only transaction: deferred on
+    /// SQLite, whose WAL keeps the snapshot of its first read; REPEATABLE READ on PostgreSQL).
+    /// For a reader that compares tables with each other, as the chain's verification does.
+    pub(crate) fn read_snapshot<T>(&self, f: impl FnOnce(&mut dyn Tx) -> Result<T>) -> Result<T> {
+        match &self.backend {
+            Backend::Sqlite { conn, .. } => {
+                let conn = lock(conn);
+                let tx = conn
+                    .unchecked_transaction()
+                    .map_err(|e| self.db(e.to_string()))?;
+                let out = f(&mut SqliteTx(&tx));
+                // Read only: nothing to keep, so the snapshot ends however `f` ended.
+                drop(tx);
+                out
+            }
+            Backend::Postgres { .. } => {
+                let (mut client, mut prepared) = self.pg_conn()?;
+                client
+                    .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .map_err(|e| self.db(db::pg_err(e)))?;
+                let out = f(&mut PgTx {
+                    client: &mut *client,
+                    prepared: &mut prepared,
+                    head: None,
+                });
+                client
+                    .batch_execute("ROLLBACK")
+                    .map_err(|e| self.db(db::pg_err(e)))?;
+                out
+            }
+        }
+    }
+
     /// The PostgreSQL connection and its prepared statements, locked in that order. A
     /// connection the server closed (restarted, the backend terminated, an idle timeout) is
     /// replaced here by a new one: the call that met the closed connection failed (a job goes
