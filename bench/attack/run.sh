@@ -25,23 +25,9 @@ trap cleanup EXIT
 # Both ends of 4,100 connections live on this machine: the attacker's and the server's.
 ulimit -n 20000 2>/dev/null || true
 
-"$LETHE" demo --dir "$WORK/d" >/dev/null
-(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/d/runtime.token")
-cat >> "$WORK/d/lethe.toml" <<TOML
-
-[serve]
-listen = "127.0.0.1:0"
-pool = 4
-
-[[serve.token]]
-role = "runtime"
-token_file = "runtime.token"
-TOML
-"$LETHE" --config "$WORK/d/lethe.toml" serve > "$WORK/serve.out" 2> "$WORK/serve.err" &
-SERVER_PID=$!
-for _ in $(seq 100); do grep -q Listening "$WORK/serve.out" 2>/dev/null && break; sleep 0.1; done
-ADDR=$(sed -n 's#^Listening on http://##p' "$WORK/serve.out")
-[ -n "$ADDR" ] || { cat "$WORK/serve.err" >&2; exit 1; }
+# shellcheck source=bench/lib/serve.sh
+. bench/lib/serve.sh
+serve_demo "$LETHE" "$WORK" 4
 python3 bench/attack/attack.py --addr "$ADDR" --pid "$SERVER_PID" \
     --token-file "$WORK/d/runtime.token" --hold "${HOLD:-10}" \
     --conns "${CONNS:-4100}" --bodies "${BODIES:-100}" \

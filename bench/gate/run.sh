@@ -43,25 +43,9 @@ trap cleanup EXIT
 
 psql "$ADMIN" -qc "DROP DATABASE IF EXISTS lethe_gate_bench WITH (FORCE)" -c "CREATE DATABASE lethe_gate_bench" >/dev/null
 # `lethe serve` needs a target to start; the demo's fixtures serve (no job runs here).
-"$LETHE" demo --dir "$WORK/d" >/dev/null
-(umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$WORK/d/runtime.token")
-TOKEN=$(cat "$WORK/d/runtime.token")
-sed -i "s#^journal = .*#journal = \"$PG\"#" "$WORK/d/lethe.toml"
-cat >> "$WORK/d/lethe.toml" <<TOML
-
-[serve]
-listen = "127.0.0.1:0"
-pool = 8
-
-[[serve.token]]
-role = "runtime"
-token_file = "runtime.token"
-TOML
-"$LETHE" --config "$WORK/d/lethe.toml" serve > "$WORK/serve.out" 2> "$WORK/serve.err" &
-SERVER_PID=$!
-for _ in $(seq 100); do grep -q Listening "$WORK/serve.out" 2>/dev/null && break; sleep 0.1; done
-ADDR=$(sed -n 's#Listening on http://##p' "$WORK/serve.out")
-[ -n "$ADDR" ] || { cat "$WORK/serve.err" >&2; exit 1; }
+# shellcheck source=bench/lib/serve.sh
+. bench/lib/serve.sh
+serve_demo "$LETHE" "$WORK" 8 "$PG"
 
 # What autovacuum does between a deployment's bursts, done here before each PostgreSQL
 # measurement: the machine's PostgreSQL 15 runs with autovacuum off, and without it the permit

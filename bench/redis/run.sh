@@ -21,5 +21,5 @@ if [ -z "${LETHE_BIN:-}" ]; then
   LETHE_BIN=target/release/lethe
 fi
 PY="$(scripts/pg python)"
-PEER="${LETHE_PEER_DIR:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)/../shared/peer/langgraph-runbook}"
+PEER="${LETHE_PEER_DIR:?set LETHE_PEER_DIR to the peer LangGraph runbook's folder}"
 PYTHONDONTWRITEBYTECODE=1 exec "$PY" bench/redis/run.py --peer "$PEER" --lethe "$LETHE_BIN" "$@"

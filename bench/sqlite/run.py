@@ -26,6 +26,7 @@ import re
 import shutil
 import statistics
 import subprocess
+from pathlib import Path
 import sys
 import tempfile
 import time
@@ -44,21 +45,7 @@ key_file = "lethe.key"
 policy_version = "bench-1"
 certificates = "certificates"
 
-[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
-metadata = { tenant = "tenant_id", subject = "user_id" }
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-"""
+""" + (Path(__file__).resolve().parents[2] / "tests/fixtures/langgraph-sqlite/targets.toml").read_text()
 
 # The target's rows, defined independently of Lethe and of the floor (full JSON parse of every
 # checkpoint's metadata, no byte pre-filter; a substr test on the store prefix).

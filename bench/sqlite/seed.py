@@ -44,7 +44,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from msgpack_min import packb  # noqa: E402
 
-# As in the LangGraph runbook (shared/peer/langgraph-runbook/common.py).
+# As in the peer LangGraph runbook's common.py (LETHE_PEER_DIR).
 THREAD_NS = uuid.UUID("6f1c2a52-5a8e-4c52-9f55-0c3d3b0b1a11")
 TARGET = ("t03", "u0342")
 

@@ -7,9 +7,8 @@
 # 1. The project's own data (always): `scripts/pg seed-small` (three subjects of the runbook's
 #    small scenario plus subjects with awkward identifiers) into database lethe_validation,
 #    Redis db 3 (flushed first), snapshots and comparison by tests/e2e/validation.py.
-# 2. The peer runbook's own seed.py and verify.py (database lg_small, Redis db 1), when the peer
-#    is there: LETHE_PEER_DIR, or ../shared/peer/langgraph-runbook beside the repository.
-#    Skipped, and said, where it is not.
+# 2. The peer runbook's own seed.py and verify.py (database lg_small, Redis db 1), when
+#    LETHE_PEER_DIR names its folder. Skipped, and said, otherwise.
 #
 # Needs: PostgreSQL 15 on 127.0.0.1:5432 (LETHE_PG15_URL), Redis on 127.0.0.1:6379, the venv
 # (scripts/pg venv) and a built lethe (LETHE_BIN, default target/debug/lethe). Exit 1 on any
@@ -81,11 +80,11 @@ snap own-after
     "$work/own-after.json" acme alice
 
 # 2. The peer runbook's seed.py and verify.py, where the peer is.
-peer=${LETHE_PEER_DIR:-$PWD/../shared/peer/langgraph-runbook}
-if [ ! -f "$peer/seed.py" ]; then
-    echo "runbook validation: the peer runbook is not at $peer (LETHE_PEER_DIR): its own seed.py and verify.py were not run"
+if [ -z "${LETHE_PEER_DIR:-}" ]; then
+    echo "runbook validation: LETHE_PEER_DIR is not set: the peer runbook's own seed.py and verify.py were not run"
     exit 0
 fi
+[ -f "$LETHE_PEER_DIR/seed.py" ] || { echo "runbook validation: no seed.py in LETHE_PEER_DIR ($LETHE_PEER_DIR)" >&2; exit 1; }
 if ! scripts/pg peer "$PG" seed.py --scenario small >/dev/null 2>"$work/seed.log"; then
     echo "runbook validation: the peer's seed.py failed:" >&2
     tail -20 "$work/seed.log" >&2

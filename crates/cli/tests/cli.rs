@@ -3628,23 +3628,19 @@ fn a_scope_file_that_is_not_one_object_is_refused_by_every_command_and_touches_n
     assert_eq!(c, 0, "{out}");
     let job = out["job_id"].as_str().unwrap();
     let cert = env.path().join(format!("certificates/{job}.json"));
-    std::fs::write(&file, r#"["acme", "alice", null, null]"#).unwrap();
-    let out = env.run(&[
-        "certificate",
-        "verify",
-        cert.to_str().unwrap(),
-        "--scope-file",
-        f,
-    ]);
+    let verify = |scope: &str| {
+        std::fs::write(&file, scope).unwrap();
+        env.run(&[
+            "certificate",
+            "verify",
+            cert.to_str().unwrap(),
+            "--scope-file",
+            f,
+        ])
+    };
+    let out = verify(r#"["acme", "alice", null, null]"#);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    std::fs::write(&file, r#"{"tenant": "acme", "subject": "alice"}"#).unwrap();
-    let out = env.run(&[
-        "certificate",
-        "verify",
-        cert.to_str().unwrap(),
-        "--scope-file",
-        f,
-    ]);
+    let out = verify(r#"{"tenant": "acme", "subject": "alice"}"#);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(
         env.others_rows(),

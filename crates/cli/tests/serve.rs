@@ -65,10 +65,15 @@ fn lethe(dir: &Path) -> Command {
 
 /// Starts `lethe serve`; returns the child and the address it printed.
 fn serve(dir: &Path) -> (Child, String) {
+    serve_with(dir, Stdio::null())
+}
+
+/// [`serve`], with the server's log (stderr) going to `log`.
+fn serve_with(dir: &Path, log: Stdio) -> (Child, String) {
     let mut child = lethe(dir)
         .arg("serve")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -526,17 +531,8 @@ fn serve_refuses_a_token_no_client_can_send_and_plain_http_off_the_machine() {
         "{err}"
     );
     let dir = setup(&plain.replace("pool = 4", "pool = 4\nallow_plain_http = true"));
-    let mut child = lethe(dir.path())
-        .arg("serve")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.starts_with("Listening on http://0.0.0.0:"), "{line}");
+    let (mut child, addr) = serve_with(dir.path(), Stdio::piped());
+    assert!(addr.starts_with("0.0.0.0:"), "{addr}");
     let mut warning = String::new();
     BufReader::new(child.stderr.take().unwrap())
         .read_line(&mut warning)

@@ -629,18 +629,13 @@ fn chain_problem_since(
             ));
         }
     }
-    let head = tx
-        .row("SELECT v FROM lethe_meta WHERE k = 'head'", &[])
-        .map_err(db)?
-        .map(|r| r[0].text());
-    let last = format!("{}:{}", expected - 1, prev);
-    match head {
-        Some(h) if h != last => Ok(Err(
-            "the head record does not match the chain's last entry (the newest entries were removed or the head edited)".into(),
-        )),
-        None if expected > 1 => Ok(Err("the head record is missing".into())),
-        _ => Ok(Ok((expected > 1).then_some((expected - 1, prev)))),
-    }
+    // The same head check as the full verification (a cut of the newest entries, a missing
+    // head); `entries` only says whether there is any.
+    let any = u64::from(expected > 1);
+    Ok(match head_problem(tx, expected - 1, &prev, any)? {
+        Some(problem) => Err(problem),
+        None => Ok((expected > 1).then_some((expected - 1, prev))),
+    })
 }
 
 /// The mark of the last entry checked (`lethe_meta.checked`), if it is well formed.

@@ -2034,6 +2034,9 @@ fn a_job_on_a_broken_journal_is_refused_as_journal_broken() {
         .unwrap()
         .execute("UPDATE journal SET body = body || ' ' WHERE seq = 1", [])
         .unwrap();
+    // Every subject's rows as they stand after bob's erasure: alice's and carol's, whole.
+    let memory = |f: &str| std::fs::read(env.dir.path().join("memory").join(f)).unwrap();
+    let before = lethe_test_support::MEMORY_FILES.map(memory);
     let e = env
         .operator()
         .create_job(
@@ -2051,5 +2054,10 @@ fn a_job_on_a_broken_journal_is_refused_as_journal_broken() {
         env.count("SELECT count(*) FROM jobs"),
         1,
         "no job was added"
+    );
+    assert_eq!(
+        lethe_test_support::MEMORY_FILES.map(memory),
+        before,
+        "no memory file changed: every subject kept every row"
     );
 }

@@ -7,22 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The demo's two targets, as `[[target]]` tables: LangGraph's SQLite checkpointer (with the
 /// application's thread registry and the owner keys in the checkpoint metadata) and its SQLite
-/// store, over the files [`copy_memory`] puts in `memory/`.
-pub const TARGETS: &str = r#"[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
-metadata = { tenant = "tenant_id", subject = "user_id" }
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-"#;
+/// store, over the files [`copy_memory`] puts in `memory/`: the demo's own
+/// (`tests/fixtures/langgraph-sqlite/targets.toml`).
+pub const TARGETS: &str = include_str!("../../../tests/fixtures/langgraph-sqlite/targets.toml");
 
 /// The fixture files [`copy_memory`] copies.
 pub const MEMORY_FILES: [&str; 3] = ["checkpoints.db", "store.db", "app.db"];

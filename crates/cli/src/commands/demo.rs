@@ -19,28 +19,19 @@ const CHECKPOINTS: &[u8] =
 const STORE: &[u8] = include_bytes!("../../../../tests/fixtures/langgraph-sqlite/store.db");
 const APP: &[u8] = include_bytes!("../../../../tests/fixtures/langgraph-sqlite/app.db");
 
-const CONFIG: &str = r#"# Written by `lethe demo`. Every key is documented in Lethe's README (config reference).
+/// The demo's config: its `[control]`, then the two targets over the fixture files
+/// (`targets.toml` beside them, which the test suites and the SQLite benchmark read too).
+const CONFIG: &str = concat!(
+    r#"# Written by `lethe demo`. Every key is documented in Lethe's README (config reference).
 [control]
 journal = "sqlite:lethe-journal.db"
 key_file = "lethe.key"
 policy_version = "demo-1"
 certificates = "certificates"
 
-[[target]]
-name = "checkpoints"
-kind = "langgraph-sqlite-checkpointer"
-class = "primary"
-path = "memory/checkpoints.db"
-registry = { path = "memory/app.db", table = "thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }
-metadata = { tenant = "tenant_id", subject = "user_id" }
-
-[[target]]
-name = "memories"
-kind = "langgraph-sqlite-store"
-class = "primary"
-path = "memory/store.db"
-namespace = ["{tenant}", "{subject}"]
-"#;
+"#,
+    include_str!("../../../../tests/fixtures/langgraph-sqlite/targets.toml")
+);
 
 const SUBJECTS: [(&str, &str); 3] = [("acme", "alice"), ("acme", "bob"), ("globex", "carol")];
 

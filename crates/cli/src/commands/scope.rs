@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use lethe_engine::TargetCount;
 use serde_json::json;
 
 use crate::args::ScopeArgs;
@@ -21,16 +22,7 @@ pub(crate) fn inventory(config: &Path, args: ScopeArgs, json: bool) -> Result<i3
         print_json(&json!({"scope_hash": engine.scope_hash(&scope), "targets": targets}));
     } else {
         outln!("Scope {} ({})", engine.scope_hash(&scope), scope.kind());
-        let mut t = Table::new(&["TARGET", "ROWS"]);
-        for (n, c) in &counts {
-            t.row(vec![
-                n.clone(),
-                c.exempt
-                    .as_ref()
-                    .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
-            ]);
-        }
-        t.print();
+        print_counts("ROWS", &counts);
     }
     Ok(0)
 }
@@ -48,16 +40,7 @@ pub(crate) fn verify(config: &Path, args: ScopeArgs, audit: bool, json: bool) ->
             .collect();
         print_json(&json!({"clean": clean, "targets": targets}));
     } else {
-        let mut t = Table::new(&["TARGET", "RESIDUE"]);
-        for (n, c) in &counts {
-            t.row(vec![
-                n.clone(),
-                c.exempt
-                    .as_ref()
-                    .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
-            ]);
-        }
-        t.print();
+        print_counts("RESIDUE", &counts);
         outln!(
             "{}",
             if clean {
@@ -68,4 +51,18 @@ pub(crate) fn verify(config: &Path, args: ScopeArgs, audit: bool, json: bool) ->
         );
     }
     Ok(if clean { 0 } else { 1 })
+}
+
+/// Each target's count, or why the scope does not apply to it, under `what`.
+fn print_counts(what: &str, counts: &[(String, TargetCount)]) {
+    let mut t = Table::new(&["TARGET", what]);
+    for (n, c) in counts {
+        t.row(vec![
+            n.clone(),
+            c.exempt
+                .as_ref()
+                .map_or(c.count.to_string(), |w| format!("exempt: {w}")),
+        ]);
+    }
+    t.print();
 }
