@@ -10,10 +10,12 @@
 
 pub mod conformance;
 pub mod guard;
+mod langgraph;
 mod namespace;
 mod postgres;
 mod postgres_guard;
 pub mod registry;
+mod sql;
 mod sqlite;
 
 /// The closed table of adapter kinds; [`kinds!`] makes the rest of it.

@@ -1,5 +1,6 @@
-//! What the PostgreSQL adapters share: connection settings from config, one cached connection
-//! per target, error classification, identifier quoting and LIKE escaping.
+//! PostgreSQL at the driver level, under the [`crate::sql`] facade and for the database guard:
+//! connection settings from config, one cached connection per target, error classification,
+//! identifier quoting, LIKE escaping and the hidden-effects check. Not a query layer.
 //!
 //! The URL, `sslmode`/`sslrootcert` (TLS as libpq means it) and `password_file` are read by
 //! `lethe-postgres`, which the journal uses too, so both connect the same way.
@@ -75,6 +76,11 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
+    /// The target this connection serves, for errors.
+    pub(crate) fn target(&self) -> &str {
+        &self.target
+    }
+
     /// The database this connection opens.
     pub(crate) fn database(&self) -> &str {
         self.config.settings.database()
@@ -94,26 +100,21 @@ impl Conn {
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
     ) -> Result<T, AdapterError> {
-        let mut guard: MutexGuard<'_, Option<Client>> =
-            self.client.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.as_ref().is_none_or(|c| c.is_closed()) {
-            let mut client = self.config.settings.connect().map_err(|e| self.err(e))?;
-            client
-                .batch_execute(&format!(
-                    "SET statement_timeout = {}",
-                    self.config.statement_timeout.as_millis()
-                ))
-                .map_err(|e| self.err(e))?;
-            *guard = Some(client);
+        self.lock().run(f)
+    }
+
+    /// Holds the connection for several statements (a session of the SQL facade); other users
+    /// of this connection (the guard) wait until it is dropped.
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked {
+            conn: self,
+            client: self.client.lock().unwrap_or_else(|p| p.into_inner()),
         }
-        let client = guard.as_mut().expect("connected above");
-        let out = f(client);
-        if let Err(e) = &out {
-            if e.is_closed() || e.as_db_error().is_none() {
-                *guard = None;
-            }
-        }
-        out.map_err(|e| self.err(e))
+    }
+
+    /// Whether two handles share one connection.
+    pub(crate) fn same(&self, other: &Conn) -> bool {
+        Arc::ptr_eq(&self.client, &other.client)
     }
 
     /// Classifies a driver error: connection failures, timeouts, lock and serialization
@@ -151,6 +152,51 @@ impl Conn {
                 why,
             }
         }
+    }
+}
+
+/// A connection held by one caller: [`Conn::lock`].
+pub(crate) struct Locked<'a> {
+    conn: &'a Conn,
+    client: MutexGuard<'a, Option<Client>>,
+}
+
+impl Locked<'_> {
+    /// Runs `f` with a live connection, connecting first if needed. A connection-level error
+    /// drops the connection so the next call reconnects.
+    pub(crate) fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, AdapterError> {
+        if self.client.as_ref().is_none_or(|c| c.is_closed()) {
+            let config = &self.conn.config;
+            let mut client = config.settings.connect().map_err(|e| self.conn.err(e))?;
+            client
+                .batch_execute(&format!(
+                    "SET statement_timeout = {}",
+                    config.statement_timeout.as_millis()
+                ))
+                .map_err(|e| self.conn.err(e))?;
+            *self.client = Some(client);
+        }
+        let client = self.client.as_mut().expect("connected above");
+        let out = f(client);
+        if let Err(e) = &out {
+            if e.is_closed() || e.as_db_error().is_none() {
+                *self.client = None;
+            }
+        }
+        out.map_err(|e| self.conn.err(e))
+    }
+
+    /// Whether a live connection is held (a rollback needs one; a lost one has none to undo).
+    pub(crate) fn is_live(&self) -> bool {
+        self.client.as_ref().is_some_and(|c| !c.is_closed())
+    }
+
+    /// The connection's target name, for errors.
+    pub(crate) fn conn(&self) -> &Conn {
+        self.conn
     }
 }
 
@@ -237,7 +283,7 @@ pub(crate) fn hidden_effects(
 /// [`hidden_effects`]' checks. `$1`: the tables; `$2`, `$3`: the (child, parent) pairs of the
 /// target's own cascades. `tree` is the tables and every partition or inheritance child below
 /// them: a DELETE on a parent deletes there too, and runs their triggers and their foreign
-/// keys' actions (review, 2026-12-04). Each arm yields its first finding (kind, name, table,
+/// keys' actions. Each arm yields its first finding (kind, name, table,
 /// parent); the statement, the first arm's.
 const HIDDEN_EFFECTS: &str = "
 WITH RECURSIVE tree(oid) AS (

@@ -1,4 +1,6 @@
-//! What the SQLite adapters share: opening a store without creating it, and error mapping.
+//! SQLite at the driver level, under the [`crate::sql`] facade: opening a store without
+//! creating it, the trigger check, names and error classification. Not a query layer: the
+//! facade binds and runs statements.
 
 use std::path::Path;
 use std::time::Duration;
@@ -7,8 +9,6 @@ use rusqlite::{Connection, OpenFlags};
 
 use crate::AdapterError;
 
-/// Opens an existing SQLite file read-write. Never creates one: a wrong path is an error, not a
-/// new empty store that verifies clean.
 /// How long a target waits for the application's locks by default.
 pub(crate) const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -22,6 +22,8 @@ pub(crate) fn busy_timeout(ms: Option<u64>) -> Result<Duration, String> {
     }
 }
 
+/// Opens an existing SQLite file read-write. Never creates one: a wrong path is an error, not a
+/// new empty store that verifies clean.
 pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connection, AdapterError> {
     if !path.is_file() {
         return Err(AdapterError::Failed {
@@ -40,8 +42,8 @@ pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connecti
     conn.busy_timeout(busy).map_err(|e| db(target, e))?;
     // Text compares as UTF-8 bytes in every query (namespace ranges, metadata read as JSON
     // text). A UTF-16 file compares 16-bit units: a namespace range took in another subject's
-    // label, and SqliteSaver's UTF-8 metadata blobs read as UTF-16 matched no one (review,
-    // 2026-12-04). LangGraph's own files are UTF-8.
+    // label, and SqliteSaver's UTF-8 metadata blobs read as UTF-16 matched no one.
+    // LangGraph's own files are UTF-8.
     let encoding: String = conn
         .pragma_query_value(None, "encoding", |r| r.get(0))
         .map_err(|e| db(target, e))?;
@@ -69,8 +71,8 @@ pub(crate) fn open(target: &str, path: &Path, busy: Duration) -> Result<Connecti
 /// spells it plainly: an erase would run it, and what it changes is not counted (foreign keys
 /// are off on Lethe's connections; triggers are not). SQLite itself decides: the plan of
 /// `DELETE FROM table` calls a trigger program (`Program`) only when a trigger fires on it,
-/// however its text is spelt (a first version read the text and missed `DELETE ON"store"`,
-/// comments between the words, and brackets; review, 2026-12-04). Nothing is executed.
+/// however its text is spelt (reading the text misses `DELETE ON"store"`, comments between the
+/// words, and brackets). Nothing is executed.
 pub(crate) fn delete_trigger(
     conn: &Connection,
     tables: &[&str],
@@ -111,18 +113,12 @@ pub(crate) fn delete_trigger(
     Ok(None)
 }
 
-/// The refusal for a trigger [`delete_trigger`] found.
-pub(crate) fn delete_trigger_refusal(
-    target: &str,
-    (name, table): (String, String),
-) -> AdapterError {
-    AdapterError::Failed {
-        target: target.to_string(),
-        why: format!(
-            "trigger {name} on {table} runs on DELETE: an erase would run it, and what it \
-             changes is not counted. Drop it, or erase what it writes as a target of its own"
-        ),
-    }
+/// Why a trigger [`delete_trigger`] found is refused.
+pub(crate) fn delete_trigger_why((name, table): (String, String)) -> String {
+    format!(
+        "trigger {name} on {table} runs on DELETE: an erase would run it, and what it \
+         changes is not counted. Drop it, or erase what it writes as a target of its own"
+    )
 }
 
 /// Maps a driver error: busy and locked are worth retrying, a read-only file is the operator's

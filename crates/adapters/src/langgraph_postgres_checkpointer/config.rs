@@ -2,11 +2,13 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::postgres::{conn_config, Conn};
+use crate::postgres::{conn_config, quote_qualified, Conn};
 use crate::registry::parse_table;
 use lethe_core::Object;
 
-use super::adapter::{Checkpointer, MetadataKeys, Registry};
+use crate::langgraph::checkpointer::{Checkpointer, MetadataKeys, Registry};
+use crate::postgres_guard::PgGuard;
+use crate::sql::Db;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -45,8 +47,16 @@ struct RawMetadata {
 pub struct Config {
     conn: crate::postgres::ConnConfig,
     schema: String,
-    registry: Option<(Option<crate::postgres::ConnConfig>, Registry)>,
+    registry: Option<(Option<crate::postgres::ConnConfig>, RegistryNames)>,
     metadata: Option<MetadataKeys>,
+}
+
+/// The registry's table and columns, as configured.
+struct RegistryNames {
+    table: String,
+    tenant: String,
+    subject: String,
+    thread: String,
 }
 
 fn name(s: &str, what: &str) -> Result<String, String> {
@@ -91,7 +101,7 @@ impl Config {
                 };
                 Some((
                     rconn,
-                    Registry {
+                    RegistryNames {
                         table: name(&r.table, "registry.table")?,
                         tenant: name(&r.tenant, "registry.tenant")?,
                         subject: name(&r.subject, "registry.subject")?,
@@ -118,18 +128,48 @@ impl Config {
 
     /// Builds the adapter. Connects to nothing.
     pub fn build(self, target: &str) -> Checkpointer {
-        let registry = self
-            .registry
-            .map(|(c, r)| (c.map(|c| Conn::new(target, c)), r));
+        let registry = self.registry.map(|(c, r)| Registry {
+            db: c.map(|c| Db::Postgres(Box::new(Conn::new(target, c)))),
+            table: r.table,
+            tenant: r.tenant,
+            subject: r.subject,
+            thread: r.thread,
+        });
         // The guard shares the adapter's connection: one connection a database, not two.
         let conn = Conn::new(target, self.conn);
+        let guard = guard(target, conn.clone(), &self.schema, self.metadata.as_ref());
+        let sql = super::sql::Postgres {
+            quoted: quote_qualified(&self.schema),
+            schema: self.schema,
+        };
         Checkpointer::new(
             target,
-            conn.clone(),
-            self.schema,
+            Db::Postgres(Box::new(conn)),
+            Box::new(sql),
             registry,
             self.metadata,
-            conn,
+            Some(guard),
         )
     }
+}
+
+/// The database guard on LangGraph's tables.
+fn guard(target: &str, conn: Conn, schema: &str, metadata: Option<&MetadataKeys>) -> PgGuard {
+    // Trigger arguments: the metadata keys that hold the owner ('' when the target finds
+    // threads through its registry only: erased threads are still refused).
+    let (tk, sk) = metadata
+        .map(|m| (m.tenant.clone(), m.subject.clone()))
+        .unwrap_or_default();
+    let args = vec![tk, sk];
+    PgGuard::new(
+        target,
+        conn,
+        schema,
+        vec![
+            ("checkpoints", "checkpoints_guard", args.clone()),
+            ("checkpoint_blobs", "thread_rows_guard", args.clone()),
+            ("checkpoint_writes", "thread_rows_guard", args),
+        ],
+        false,
+    )
 }

@@ -1,6 +1,8 @@
 //! `langgraph-postgres-checkpointer`: LangGraph's `PostgresSaver` tables, `checkpoints`,
 //! `checkpoint_blobs` and `checkpoint_writes`.
 //!
+//! This module is the kind's config keys (`config.rs`) and its PostgreSQL dialect (`sql.rs`);
+//! the checkpointer's logic, shared with SQLite, is [`crate::langgraph::checkpointer`].
 //! Threads are found as on SQLite: the application's registry table (any schema and columns,
 //! possibly in another database), keys of `checkpoints.metadata`, or both as a union; registry
 //! rows are erased last. Deletes are set-based: one `DELETE ... WHERE thread_id = ANY($1)` per
@@ -14,8 +16,8 @@
 //!
 //! Locators: `0:<thread_id>` (checkpoints, blobs, writes), `1:<thread_id>` (registry rows).
 
-mod adapter;
 mod config;
+mod sql;
 
-pub use adapter::Checkpointer;
+pub use crate::langgraph::checkpointer::Checkpointer;
 pub use config::Config;

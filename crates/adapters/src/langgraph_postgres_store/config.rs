@@ -3,10 +3,12 @@
 use std::path::{Path, PathBuf};
 
 use crate::namespace::{parse_template, Label};
-use crate::postgres::{conn_config, Conn, ConnConfig};
+use crate::postgres::{conn_config, quote_qualified, Conn, ConnConfig};
+use crate::postgres_guard::PgGuard;
+use crate::sql::Db;
 use crate::registry::parse_table;
 
-use super::adapter::Store;
+use crate::langgraph::store::Store;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -51,6 +53,33 @@ impl Config {
     pub fn build(self, name: &str) -> Store {
         // The guard shares the adapter's connection: one connection a database, not two.
         let conn = Conn::new(name, self.conn);
-        Store::new(name, conn.clone(), &self.schema, self.template, conn)
+        // Trigger arguments: the template's labels, as the trigger reads `prefix` with them.
+        let args = self
+            .template
+            .iter()
+            .map(|l| match l {
+                Label::Tenant => "{tenant}".to_string(),
+                Label::Subject => "{subject}".to_string(),
+                Label::Literal(s) => s.clone(),
+            })
+            .collect();
+        let guard = PgGuard::new(
+            name,
+            conn.clone(),
+            &self.schema,
+            vec![("store", "store_guard", args)],
+            true,
+        );
+        let sql = super::sql::Postgres {
+            quoted: quote_qualified(&self.schema),
+            schema: self.schema,
+        };
+        Store::new(
+            name,
+            Db::Postgres(Box::new(conn)),
+            Box::new(sql),
+            self.template,
+            Some(guard),
+        )
     }
 }

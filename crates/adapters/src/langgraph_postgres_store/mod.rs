@@ -1,6 +1,9 @@
 //! `langgraph-postgres-store`: LangGraph's `PostgresStore` tables, `store` and, when the store
 //! has an index, `store_vectors` (pgvector).
 //!
+//! This module is the kind's config keys (`config.rs`) and its PostgreSQL dialect (`sql.rs`);
+//! the store's logic, shared with SQLite, is [`crate::langgraph::store`].
+//!
 //! Namespaces are matched label-exactly as on SQLite (see `namespace`): the prefix equals the
 //! scope's namespace, or is `LIKE` it followed by `.%`, with `\`, `%` and `_` in identifiers
 //! escaped so each matches only itself. LangGraph's `store_prefix_idx` (`text_pattern_ops`)
@@ -13,8 +16,8 @@
 //! Memory scope: the memory id is `label/.../key`; the version is the item's `updated_at` in
 //! UTC as `YYYY-MM-DDTHH:MM:SS.ffffffZ`.
 
-mod adapter;
 mod config;
+mod sql;
 
-pub use adapter::Store;
+pub use crate::langgraph::store::Store;
 pub use config::Config;

@@ -6,7 +6,8 @@ use std::time::Duration;
 use crate::registry::{parse_table, resolve};
 use lethe_core::Object;
 
-use super::adapter::{Checkpointer, MetadataKeys, Registry};
+use crate::langgraph::checkpointer::{Checkpointer, MetadataKeys, Registry};
+use crate::sql::Db;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,19 +43,29 @@ struct RawMetadata {
 pub struct Config {
     path: PathBuf,
     busy: Duration,
-    registry: Option<Registry>,
+    registry: Option<RegistryConfig>,
     metadata: Option<MetadataKeys>,
 }
 
-/// A JSON path that selects one top-level key exactly, quoted so dots and brackets in the key
+/// The registry's file and names.
+#[derive(Debug, Clone)]
+struct RegistryConfig {
+    path: PathBuf,
+    table: String,
+    tenant: String,
+    subject: String,
+    thread: String,
+}
+
+/// Checks a key can be one top-level key of a JSON path, quoted so dots and brackets in the key
 /// stay part of the key.
-fn json_path(key: &str, what: &str) -> Result<String, String> {
+fn json_path(key: &str, what: &str) -> Result<(), String> {
     if key.is_empty() || key.chars().any(|c| c == '"' || c == '\\' || c.is_control()) {
         return Err(format!(
             "metadata.{what} must be a non-empty key without '\"', '\\' or control characters"
         ));
     }
-    Ok(format!("$.\"{key}\""))
+    Ok(())
 }
 
 fn sql_name(name: &str, what: &str) -> Result<String, String> {
@@ -73,7 +84,7 @@ impl Config {
         }
         let path = resolve(base, &raw.path);
         let registry = match raw.registry.map(Object::into_inner) {
-            Some(r) => Some(Registry {
+            Some(r) => Some(RegistryConfig {
                 path: r
                     .path
                     .map(|p| resolve(base, &p))
@@ -86,10 +97,14 @@ impl Config {
             None => None,
         };
         let metadata = match raw.metadata.map(Object::into_inner) {
-            Some(m) => Some(MetadataKeys {
-                tenant_path: json_path(&m.tenant, "tenant")?,
-                subject_path: json_path(&m.subject, "subject")?,
-            }),
+            Some(m) => {
+                json_path(&m.tenant, "tenant")?;
+                json_path(&m.subject, "subject")?;
+                Some(MetadataKeys {
+                    tenant: m.tenant,
+                    subject: m.subject,
+                })
+            }
             None => None,
         };
         Ok(Self {
@@ -102,6 +117,27 @@ impl Config {
 
     /// Builds the adapter. Touches no file.
     pub fn build(self, name: &str) -> Checkpointer {
-        Checkpointer::new(name, self.path, self.busy, self.registry, self.metadata)
+        let db = |path| Db::Sqlite {
+            target: name.to_string(),
+            path,
+            busy: self.busy,
+        };
+        // The registry always has a file of its own (maybe the checkpointer's): its rows are
+        // erased in a transaction of their own, and the file is one the journal must not share.
+        let registry = self.registry.map(|r| Registry {
+            db: Some(db(r.path)),
+            table: r.table,
+            tenant: r.tenant,
+            subject: r.subject,
+            thread: r.thread,
+        });
+        Checkpointer::new(
+            name,
+            db(self.path),
+            Box::new(super::sql::Sqlite),
+            registry,
+            self.metadata,
+            None,
+        )
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use crate::namespace::{parse_template, Label};
 use crate::registry::{parse_table, resolve};
 
-use super::adapter::Store;
+use crate::langgraph::store::Store;
+use crate::sql::Db;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +38,11 @@ impl Config {
 
     /// Builds the adapter. Touches no file.
     pub fn build(self, name: &str) -> Store {
-        Store::new(name, self.path, self.busy, self.template)
+        let db = Db::Sqlite {
+            target: name.to_string(),
+            path: self.path,
+            busy: self.busy,
+        };
+        Store::new(name, db, Box::new(super::sql::Sqlite), self.template, None)
     }
 }

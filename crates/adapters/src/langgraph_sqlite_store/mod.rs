@@ -1,5 +1,8 @@
 //! `langgraph-sqlite-store`: LangGraph's `SqliteStore` tables, `store` and `store_vectors`.
 //!
+//! This module is the kind's config keys (`config.rs`) and its SQLite dialect (`sql.rs`); the
+//! store's logic, shared with PostgreSQL, is [`crate::langgraph::store`].
+//!
 //! LangGraph stores a namespace as its labels joined by `.` in `store.prefix`. A target's
 //! `namespace` template (`["{tenant}", "{subject}"]`) names the labels that make a scope's
 //! namespace; matching is label-exact: the prefix equals the scope's namespace, or starts with
@@ -19,8 +22,8 @@
 //!
 //! Locators: the JSON array `[prefix, key]`.
 
-mod adapter;
 mod config;
+mod sql;
 
-pub use adapter::Store;
+pub use crate::langgraph::store::Store;
 pub use config::Config;
