@@ -1,7 +1,7 @@
 """The validation scenario with the project's own data: snapshots of every subject's rows and
 keys, and their comparison after an erasure.
 
-    validation.py redis-seed MANIFEST REDIS_URL       session-cache keys for every subject
+    validation.py redis-seed MANIFEST REDIS_URL       session-cache keys and node-cache entries
     validation.py snapshot MANIFEST PG_URL REDIS_URL OUT
     validation.py compare MANIFEST BEFORE AFTER TENANT SUBJECT
 
@@ -14,10 +14,14 @@ and every other subject kept every row and key, byte for byte.
 """
 
 import json
+import os
 import sys
+from typing import TypedDict
 
 import psycopg
 import redis
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "clients", "python"))
 
 # Key layout of the session cache: `{tenant}:{subject}:...`. A subject whose identifiers hold
 # the separator has no keys: its keys would be another subject's too.
@@ -46,6 +50,52 @@ def redis_seed(manifest, url):
         r.hset(p + "profile", mapping={"name": s["user_id"], "tier": "gold"})
         r.rpush(p + "history", "q1", "q2", "q3")
         r.set(p + "session:expiring", "soon", ex=3600)
+
+
+def needle(s):
+    """Text only this subject's cache entries hold."""
+    return f"<<{s['tenant_id']}/{s['user_id']}>>"
+
+
+def node_cache_seed(manifest, url):
+    """LangGraph's node cache, written by real LangGraph: for every subject, one entry through
+    plain ``RedisCache`` (a legacy entry: no index lists it) and one through the package's
+    ``IndexedRedisCache`` under the subject's binding (its index set lists it)."""
+    from langgraph.cache.redis import RedisCache
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.types import CachePolicy
+    from lethe_gate.cache import IndexedRedisCache, subject
+
+    class State(TypedDict):
+        question: str
+        answer: str
+
+    def respond(state):
+        return {"answer": f"answer to {state['question']}"}
+
+    def graph(cache):
+        g = StateGraph(State)
+        g.add_node("respond", respond, cache_policy=CachePolicy())
+        g.add_edge(START, "respond")
+        g.add_edge("respond", END)
+        return g.compile(cache=cache)
+
+    r = redis.Redis.from_url(url)
+    legacy, indexed = graph(RedisCache(r)), graph(IndexedRedisCache(r))
+    for s in subjects(manifest):
+        if SEP in s["tenant_id"]:
+            continue  # the index layout cannot tell such a tenant apart: the package refuses
+        legacy.invoke({"question": f"legacy question of {needle(s)}"})
+        with subject(s["tenant_id"], s["user_id"]):
+            indexed.invoke({"question": f"indexed question of {needle(s)}"})
+
+
+def value(r, k):
+    """A key's value as text can be searched in: a string's bytes (DUMP may compress them),
+    any other type's DUMP."""
+    if r.type(k) == b"string":
+        return r.get(k) or b""
+    return r.dump(k) or b""
 
 
 def in_prefix(prefix, root):
@@ -90,6 +140,12 @@ def snapshot(manifest, pg_url, redis_url, out):
         p = cache_prefix(s)
         keys = [k for k in all_keys if p is not None and k.startswith(p)]
         got["redis"] = [[k, r.dump(k).hex(), r.ttl(k) > 0] for k in keys]
+        # The node cache: the subject's index set and the entries it lists, and every key
+        # whose value holds the subject's text (legacy entries included).
+        idx = f"lethe:lg-cache:{t}:{u}"
+        listed = sorted(m.decode() for m in r.smembers(idx)) + ([idx] if r.exists(idx) else [])
+        got["node_cache"] = [[k, (r.dump(k) or b"").hex()] for k in listed]
+        got["values_with_text"] = [k for k in all_keys if needle(s).encode() in value(r, k)]
         snap[f"{t}/{u}"] = got
     json.dump(snap, open(out, "w"), indent=1, sort_keys=True)
 
@@ -105,13 +161,21 @@ def compare(manifest, before_path, after_path, tenant, subject):
     if erased == 0:
         problems.append(f"{target} had nothing to erase: the scenario is wrong")
     others = [k for k in before if k != target]
+    # Legacy node-cache entries (no index lists them) may be flushed with any erasure, as the
+    # target's `legacy = "flush"` says: an other subject's may go, none may appear.
+    flushed = 0
+    for k in others:
+        b, a = set(before[k].pop("values_with_text")), set(after[k].pop("values_with_text"))
+        problems += [f"{k}: a value with its text appeared" for _ in a - b]
+        flushed += len(b - a)
     changed = [k for k in others if before[k] != after[k]]
     problems += [f"{k}: changed" for k in changed]
     kept = sum(sum(len(v) for v in before[k].values()) for k in others)
     print(
         f"validation: {target}: {erased} rows and keys before, "
         f"{sum(len(v) for v in after[target].values())} after; "
-        f"{len(others)} other subjects ({kept} rows and keys), {len(changed)} changed"
+        f"{len(others)} other subjects ({kept} rows and keys), {len(changed)} changed; "
+        f"{flushed} legacy node-cache entries of others flushed"
     )
     for p in problems:
         print("  problem:", p)
@@ -122,6 +186,7 @@ def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "redis-seed":
         redis_seed(*args)
+        node_cache_seed(*args)
         return 0
     if cmd == "snapshot":
         snapshot(*args)

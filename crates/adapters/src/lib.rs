@@ -101,6 +101,8 @@ kinds! {
     LanggraphPostgresStore = "langgraph-postgres-store", langgraph_postgres_store, STORE;
     /// Keys on a Redis server or every primary of a Redis Cluster.
     Redis = "redis", redis, KEYS;
+    /// LangGraph's `RedisCache` node cache (`langgraph:cache:*`), with Lethe's subject index.
+    LanggraphRedisCache = "langgraph-redis-cache", langgraph_redis_cache, &["cache"];
 }
 
 impl std::fmt::Display for Kind {
@@ -159,6 +161,16 @@ pub enum Applicability {
     Applies,
     /// The target holds nothing this kind of scope names; the reason goes on the certificate.
     Exempt(String),
+}
+
+/// What a target's certificate line says beyond its count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settlement {
+    /// Entries left to expire by themselves: the target is `PENDING_EXPIRY` until this date.
+    pub expires: Option<time::Date>,
+    /// Entries no lineage ties to a subject: the policy applied (`flush`, `expire`) and how
+    /// many there were.
+    pub legacy: Option<(&'static str, u64)>,
 }
 
 /// An opaque locator and the number of rows it accounts for.
@@ -242,6 +254,17 @@ pub enum AdapterError {
         /// The driver's message.
         why: String,
     },
+    /// A derived store holds entries no lineage ties to any subject, and the target's `legacy`
+    /// setting is `refuse` (or `expire`, for entries that never expire). Nothing was touched.
+    #[error("target {target} holds {count} derived entries that no lineage ties to a subject (legacy entries, written without Lethe's index): its `legacy` setting {why}. Set `legacy = \"flush\"` (erase every legacy entry: a cache is recomputable) or `legacy = \"expire\"` (wait for their TTL), then resume the job")]
+    LegacyDerived {
+        /// Target name.
+        target: String,
+        /// Legacy entries found.
+        count: u64,
+        /// Which setting refused, in words.
+        why: String,
+    },
     /// The store is not what the adapter expects (missing table, wrong schema): retrying will
     /// not help.
     #[error("target {target}: {why}")]
@@ -266,6 +289,7 @@ impl AdapterError {
             AdapterError::Unavailable { .. } => "unavailable",
             AdapterError::ReadOnly { .. } => "read_only",
             AdapterError::AnomalousVolume { .. } => "anomalous_volume",
+            AdapterError::LegacyDerived { .. } => "legacy_derived",
             AdapterError::Failed { .. } => "failed",
         }
     }
@@ -343,6 +367,13 @@ pub trait Adapter: Send + Sync {
     /// `None`: this adapter's `verify` is already exhaustive. Read-only.
     fn audit(&self, _scope: &Scope) -> Result<Option<u64>, AdapterError> {
         Ok(None)
+    }
+
+    /// How the target ends on the certificate, read from its frozen inventory: erased
+    /// (the default), or pending the expiry of what it left, and what it did with legacy
+    /// entries. Pure: no store is read.
+    fn settlement(&self, _frozen: &[(String, u64)]) -> Settlement {
+        Settlement::default()
     }
 
     /// The store's database guard, where its kind has one (LangGraph on PostgreSQL): the sink

@@ -3786,3 +3786,103 @@ fn a_read_only_store_blocks_the_job_as_read_only_and_resume_completes_it() {
         "every other subject kept every row"
     );
 }
+
+/// LangGraph's node cache through whole jobs: legacy entries (no index lists them) block the
+/// job under the default `legacy = "refuse"`, touching nothing; the operator sets `flush` and
+/// resumes; the certificate counts them. Under `expire` the target is `PENDING_EXPIRY`, dated.
+/// Another subject's indexed entry keeps its value byte for byte throughout.
+#[test]
+fn node_cache_legacy_entries_block_then_flush_or_expire_on_the_certificate() {
+    for policy in ["flush", "expire"] {
+        let root = format!("ltlgc{}{policy}", std::process::id());
+        let target = |legacy: &str| {
+            format!(
+                "\n[[target]]\nname = \"node-cache\"\nkind = \"langgraph-redis-cache\"\nclass = \"cache\"\nurl = \"{}/9\"\nprefix = \"{root}:langgraph:cache:\"\nindex = \"{root}:idx:{{tenant}}:{{subject}}\"\n{legacy}",
+                std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+            )
+        };
+        let env = Env::with_config(&(CONFIG.replace("BATCH", "500") + &target("")));
+        let entry = |n: u32| {
+            format!("{root}:langgraph:cache:__pregel_ns_writes:m._respond:respond:{n:032x}")
+        };
+        redis_cmd(&["SET", &entry(1), "json:alice's answer"]);
+        redis_cmd(&["SADD", &format!("{root}:idx:acme:alice"), &entry(1)]);
+        redis_cmd(&["SET", &entry(2), "json:bob's answer"]);
+        redis_cmd(&["SADD", &format!("{root}:idx:acme:bob"), &entry(2)]);
+        redis_cmd(&[
+            "SET",
+            &entry(3),
+            "json:legacy, written by plain RedisCache",
+            "EX",
+            "86400",
+        ]);
+        let before = env.memory_bytes();
+        let (c, out) = env.json(&ERASE_ALICE);
+        assert_eq!(
+            (
+                c,
+                out["blocked_reason"].as_str(),
+                out["blocked_target"].as_str()
+            ),
+            (3, Some("legacy_derived"), Some("node-cache")),
+            "{out}"
+        );
+        assert_eq!(
+            env.memory_bytes(),
+            before,
+            "nothing erased while the job is blocked"
+        );
+        assert_eq!(redis_cmd(&["EXISTS", &entry(1)]), ":1");
+        let job = out["job_id"].as_str().unwrap().to_string();
+        let config = CONFIG.replace("BATCH", "500") + &target(&format!("legacy = \"{policy}\"\n"));
+        std::fs::write(env.path().join("lethe.toml"), config).unwrap();
+        let (c, out) = env.json(&["resume", &job, "--json"]);
+        assert_eq!(c, 0, "{out}");
+        let t = &out["certificate"]["targets"]["node-cache"];
+        assert_eq!(t["legacy"]["policy"], policy, "{t}");
+        assert_eq!(t["legacy"]["count"], 1, "{t}");
+        assert_eq!(
+            redis_cmd(&["EXISTS", &entry(1)]),
+            ":0",
+            "alice's entry erased"
+        );
+        assert_eq!(redis_cmd(&["GET", &entry(2)]), "$17", "bob's entry kept");
+        if policy == "flush" {
+            assert_eq!(
+                (t["status"].as_str(), t["count"].as_u64()),
+                (Some("DONE"), Some(3)),
+                "{t}"
+            );
+            assert_eq!(
+                redis_cmd(&["EXISTS", &entry(3)]),
+                ":0",
+                "the legacy entry flushed"
+            );
+            assert!(out["certificate"]["backup_expiry"].is_null());
+        } else {
+            assert_eq!(
+                (t["status"].as_str(), t["count"].as_u64()),
+                (Some("PENDING_EXPIRY"), Some(2)),
+                "{t}"
+            );
+            assert_eq!(
+                redis_cmd(&["EXISTS", &entry(3)]),
+                ":1",
+                "the legacy entry left to expire"
+            );
+            let expires = t["expires"].as_str().expect("a date");
+            assert_eq!(out["certificate"]["backup_expiry"].as_str(), Some(expires));
+        }
+        let file = env.path().join("certificates").join(format!("{job}.json"));
+        let o = env.run(&["certificate", "verify", file.to_str().unwrap()]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "the certificate verifies: {}",
+            stderr(&o)
+        );
+        for k in [entry(2), entry(3), format!("{root}:idx:acme:bob")] {
+            redis_cmd(&["UNLINK", &k]);
+        }
+    }
+}

@@ -54,6 +54,21 @@ pub struct TargetRecord {
     /// When a `PENDING_EXPIRY` target's last copy expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<Date>,
+    /// For a derived store (a node cache): what was done with entries no lineage ties to any
+    /// subject, which the target's `legacy` setting allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy: Option<LegacyRecord>,
+}
+
+/// Entries of a derived store that no lineage ties to a subject, and what became of them.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LegacyRecord {
+    /// `flush`: erased with the scope (a cache is recomputable), counted in `count`;
+    /// `expire`: left to their TTL, the target `PENDING_EXPIRY` until `expires`.
+    pub policy: String,
+    /// How many such entries there were at the inventory.
+    pub count: u64,
 }
 
 /// The certificate's content, before it is signed.
@@ -323,6 +338,7 @@ mod tests {
                 error_codes: vec![],
                 reason: None,
                 expires: None,
+                legacy: None,
             },
         );
         Certificate {

@@ -86,6 +86,10 @@ pub enum BlockedReason {
     /// A target refused a write: its file, database, server or user is read-only. Make it
     /// writable, then resume.
     TargetReadOnly,
+    /// A derived store (a node cache) holds entries no lineage ties to any subject, and the
+    /// target's `legacy` setting is `refuse`: an operator decides (flush or expire), then
+    /// resumes.
+    LegacyDerived,
 }
 
 impl BlockedReason {
@@ -98,6 +102,7 @@ impl BlockedReason {
             BlockedReason::TargetUnavailable => "target_unavailable",
             BlockedReason::TargetFailed => "target_failed",
             BlockedReason::TargetReadOnly => "target_read_only",
+            BlockedReason::LegacyDerived => "legacy_derived",
         }
     }
 }
@@ -146,7 +151,13 @@ pub fn transition(state: JobState, event: Event) -> Result<JobState, InvalidTran
         (S::Frozen, E::Drained) => S::Deleting,
         (
             S::Frozen,
-            E::Blocked(R::Undrained | R::TargetUnavailable | R::TargetFailed | R::TargetReadOnly),
+            E::Blocked(
+                R::Undrained
+                | R::TargetUnavailable
+                | R::TargetFailed
+                | R::TargetReadOnly
+                | R::LegacyDerived,
+            ),
         ) => S::Blocked,
         (S::Deleting, E::TargetsErased) => S::Verifying,
         (
@@ -156,6 +167,7 @@ pub fn transition(state: JobState, event: Event) -> Result<JobState, InvalidTran
                 | R::TargetUnavailable
                 | R::TargetFailed
                 | R::TargetReadOnly
+                | R::LegacyDerived
                 | R::Undrained,
             ),
         ) => S::Blocked,
@@ -192,6 +204,7 @@ mod tests {
             R::TargetUnavailable,
             R::TargetFailed,
             R::TargetReadOnly,
+            R::LegacyDerived,
         ] {
             v.push(E::Blocked(r));
         }
@@ -209,11 +222,13 @@ mod tests {
                 (S::Frozen, E::Blocked(R::TargetUnavailable)) => S::Blocked,
                 (S::Frozen, E::Blocked(R::TargetFailed)) => S::Blocked,
                 (S::Frozen, E::Blocked(R::TargetReadOnly)) => S::Blocked,
+                (S::Frozen, E::Blocked(R::LegacyDerived)) => S::Blocked,
                 (S::Deleting, E::TargetsErased) => S::Verifying,
                 (S::Deleting, E::Blocked(R::AnomalousVolume)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::TargetUnavailable)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::TargetFailed)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::TargetReadOnly)) => S::Blocked,
+                (S::Deleting, E::Blocked(R::LegacyDerived)) => S::Blocked,
                 (S::Deleting, E::Blocked(R::Undrained)) => S::Blocked,
                 (S::Verifying, E::VerifiedClean) => S::Complete,
                 (S::Verifying, E::Blocked(R::Residue)) => S::Blocked,
@@ -237,7 +252,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(allowed, 18);
+        assert_eq!(allowed, 20);
     }
 
     #[test]

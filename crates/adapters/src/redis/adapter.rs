@@ -768,7 +768,8 @@ impl Redis {
     }
 }
 
-fn hex_locator(kind: &str, key: &[u8]) -> String {
+/// `kind` then the key in lowercase hex: a locator that holds any bytes.
+pub(crate) fn hex_locator(kind: &str, key: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(kind.len() + key.len() * 2);
     s.push_str(kind);
@@ -779,7 +780,8 @@ fn hex_locator(kind: &str, key: &[u8]) -> String {
     s
 }
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+/// The bytes of [`hex_locator`]'s hex; `None` if it is not hex.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     (0..s.len())
         .step_by(2)
         .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))

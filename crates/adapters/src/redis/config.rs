@@ -112,11 +112,31 @@ fn tls_connector(ca_file: Option<&Path>) -> Result<openssl::ssl::SslConnector, S
     Ok(b.build())
 }
 
-impl Config {
-    /// Parses and validates the kind-specific keys.
-    pub fn parse(table: toml::Table, base: &Path) -> Result<Self, String> {
-        let raw: Raw = parse_table(table)?;
-        let urls = match (&raw.url, &raw.nodes) {
+/// The keys that say how to reach a Redis server or cluster, shared by every kind that reads
+/// Redis (`redis`, `langgraph-redis-cache`).
+pub(crate) struct ConnectionKeys {
+    /// One server: `redis://[user[:password]@]host[:port][/db]`.
+    pub(crate) url: Option<String>,
+    /// Cluster seed nodes.
+    pub(crate) nodes: Option<Vec<String>>,
+    pub(crate) password_file: Option<PathBuf>,
+    pub(crate) tls_ca_file: Option<PathBuf>,
+    pub(crate) db: Option<u32>,
+    pub(crate) timeout_ms: Option<u64>,
+}
+
+/// How to reach a Redis server or cluster, validated.
+pub(crate) struct Connection {
+    pub(crate) seeds: Vec<Addr>,
+    pub(crate) cluster: bool,
+    pub(crate) auth: Auth,
+    pub(crate) timeout: Duration,
+}
+
+impl Connection {
+    /// Validates the connection keys; reads `password_file`, connects to nothing.
+    pub(crate) fn parse(keys: ConnectionKeys, base: &Path) -> Result<Self, String> {
+        let urls = match (&keys.url, &keys.nodes) {
             (Some(u), None) => vec![u.clone()],
             (None, Some(n)) if !n.is_empty() => n.clone(),
             _ => {
@@ -125,7 +145,7 @@ impl Config {
                 )
             }
         };
-        let cluster = raw.nodes.is_some();
+        let cluster = keys.nodes.is_some();
         let mut seeds = Vec::new();
         let (mut username, mut password, mut db) = (None, None, None);
         let mut schemes = std::collections::BTreeSet::new();
@@ -142,7 +162,7 @@ impl Config {
                 "mix of redis:// and rediss:// URLs: every node is reached the same way".into(),
             );
         }
-        let tls = match (schemes.contains(&true), &raw.tls_ca_file) {
+        let tls = match (schemes.contains(&true), &keys.tls_ca_file) {
             (true, ca) => Some(tls_connector(
                 ca.as_ref().map(|p| resolve(base, p)).as_deref(),
             )?),
@@ -153,7 +173,7 @@ impl Config {
             }
             (false, None) => None,
         };
-        if let Some(p) = &raw.password_file {
+        if let Some(p) = &keys.password_file {
             if password.is_some() {
                 return Err("the URL has a password and password_file is set: keep one".into());
             }
@@ -163,13 +183,51 @@ impl Config {
                     .map_err(|e| format!("password_file {}: {e}", p.display()))?,
             );
         }
-        if raw.db.is_some() && db.is_some() && raw.db != db {
+        if keys.db.is_some() && db.is_some() && keys.db != db {
             return Err("`db` and the URL's /db disagree".into());
         }
-        let db = raw.db.or(db).unwrap_or(0);
+        let db = keys.db.or(db).unwrap_or(0);
         if cluster && db != 0 {
             return Err("a Redis Cluster has only db 0".into());
         }
+        let timeout_ms = keys.timeout_ms.unwrap_or(5000);
+        if !(1..=600_000).contains(&timeout_ms) {
+            return Err("timeout_ms must be between 1 and 600000".into());
+        }
+        Ok(Connection {
+            seeds,
+            cluster,
+            auth: Auth {
+                username,
+                password,
+                db,
+                tls,
+            },
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+}
+
+impl Config {
+    /// Parses and validates the kind-specific keys.
+    pub fn parse(table: toml::Table, base: &Path) -> Result<Self, String> {
+        let raw: Raw = parse_table(table)?;
+        let Connection {
+            seeds,
+            cluster,
+            auth,
+            timeout,
+        } = Connection::parse(
+            ConnectionKeys {
+                url: raw.url,
+                nodes: raw.nodes,
+                password_file: raw.password_file,
+                tls_ca_file: raw.tls_ca_file,
+                db: raw.db,
+                timeout_ms: raw.timeout_ms,
+            },
+            base,
+        )?;
         let pattern = Template::parse(&raw.pattern, "pattern", true, &["tenant", "subject"])?;
         let mode = match raw.mode.as_deref().unwrap_or("scan") {
             "scan" => {
@@ -232,20 +290,10 @@ impl Config {
                 ))
             }
         };
-        let timeout_ms = raw.timeout_ms.unwrap_or(5000);
-        if !(1..=600_000).contains(&timeout_ms) {
-            return Err("timeout_ms must be between 1 and 600000".into());
-        }
-        let timeout = Duration::from_millis(timeout_ms);
         Ok(Self {
             seeds,
             cluster,
-            auth: Auth {
-                username,
-                password,
-                db,
-                tls,
-            },
+            auth,
             pattern,
             mode,
             memory,

@@ -23,10 +23,10 @@
 //!
 //! Locators: `k:<hex key>` for a key, `z:<hex key>` for the index set (sorted last).
 
-mod adapter;
-mod config;
-mod layout;
-mod resp;
+pub(crate) mod adapter;
+pub(crate) mod config;
+pub(crate) mod layout;
+pub(crate) mod resp;
 #[cfg(test)]
 mod tests;
 

@@ -144,6 +144,7 @@ impl Engine {
         let reason = match &e {
             AdapterError::AnomalousVolume { .. } => BlockedReason::AnomalousVolume,
             AdapterError::ReadOnly { .. } => BlockedReason::TargetReadOnly,
+            AdapterError::LegacyDerived { .. } => BlockedReason::LegacyDerived,
             e if e.is_retryable() => BlockedReason::TargetUnavailable,
             _ => BlockedReason::TargetFailed,
         };

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lethe_adapters::{AdapterError, Applicability, Fence, Target};
-use lethe_core::certificate::{self, Certificate, TargetRecord, TargetStatus};
+use lethe_core::certificate::{self, Certificate, LegacyRecord, TargetRecord, TargetStatus};
 use lethe_core::{BlockedReason, Scope};
 use lethe_journal::jobs::JobRecord;
 use lethe_journal::Entry;
@@ -355,6 +355,20 @@ impl Run<'_> {
                 }
                 Checked::Residue(_) => (TargetStatus::Done, None),
             };
+            let settled = match status {
+                TargetStatus::Exempt => lethe_adapters::Settlement::default(),
+                _ => {
+                    let (_, frozen) = self
+                        .journal
+                        .inventory(&job.job_id, &t.name)?
+                        .unwrap_or_default();
+                    t.adapter.settlement(&frozen)
+                }
+            };
+            let status = match settled.expires {
+                Some(_) => TargetStatus::PendingExpiry,
+                None => status,
+            };
             let d = t.adapter.describe();
             records.insert(
                 t.name.clone(),
@@ -366,7 +380,11 @@ impl Run<'_> {
                     adapter_version: d.version.to_string(),
                     error_codes: self.error_codes(&job.job_id, &t.name)?,
                     reason,
-                    expires: None,
+                    expires: settled.expires,
+                    legacy: settled.legacy.map(|(policy, count)| LegacyRecord {
+                        policy: policy.to_string(),
+                        count,
+                    }),
                 },
             );
         }
@@ -398,8 +416,8 @@ impl Run<'_> {
                 &time::macros::format_description!("[year]-[month]-[day]"),
             )
             .map_err(|_| lethe_journal::JournalError::Corrupt("deadline".into()))?,
+            backup_expiry: records.values().filter_map(|r| r.expires).max(),
             targets: records,
-            backup_expiry: None,
             signed_by: String::new(),
         };
         let signed = cert.sign(&self.key);
