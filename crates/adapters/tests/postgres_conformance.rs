@@ -971,7 +971,7 @@ fn a_memory_id_that_names_two_items_is_refused() {
 }
 
 /// What would make an erase reach beyond the target's tables, or a count miss rows, is refused
-/// before anything is read or deleted (found by review, 2026-12-04): an application table that
+/// before anything is read or deleted: an application table that
 /// cascades from the store, the checkpoints or the registry (an erase of one subject deleted
 /// another's row, uncounted), a DELETE trigger, and row-level security that hides rows from
 /// Lethe's role (inventory and verify said 0 while the row stayed). A RESTRICT foreign key,

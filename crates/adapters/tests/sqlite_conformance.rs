@@ -953,7 +953,7 @@ fn metadata_that_escapes_the_owner_or_gives_it_as_a_number_is_found() {
 }
 
 /// A UTF-16 SQLite file is refused: its text compares as 16-bit units, so a namespace range
-/// reached another subject's label and UTF-8 metadata matched no one (review, 2026-12-04).
+/// reached another subject's label and UTF-8 metadata matched no one.
 #[test]
 fn a_utf16_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();

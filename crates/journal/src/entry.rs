@@ -25,7 +25,7 @@ pub enum Entry {
         /// A memory scope requested without a version: the version current at the request,
         /// which the freeze falls back to if the memory is gone from every target by then
         /// (erased by another job while a hold kept this one waiting). Absent otherwise, and
-        /// in entries written before it existed (2026-12-04).
+        /// in entries written before the field existed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         version_at_request: Option<String>,
     },

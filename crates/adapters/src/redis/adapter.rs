@@ -371,7 +371,7 @@ impl Redis {
                 // A key on a node that does not serve its slot (a migration abandoned after
                 // its keys moved) cannot be reached by any keyed command: its UNLINK and
                 // EXISTS go to the slot's owner. Counted, it was certified gone by a frozen
-                // verify, and came back when the slot later moved there (review, 2026-12-04).
+                // verify, and came back when the slot later moved there.
                 // The pass runs only while no slot is migrating, so this is no race.
                 if nodes.is_cluster() {
                     for k in &found {
@@ -995,7 +995,7 @@ impl Adapter for Redis {
         crate::within_inventory(&self.name, expected, n)?;
         // Every replica of each primary written to acknowledges the UNLINKs, or the step is
         // unavailable (BLOCKED, resumed later): a replica that missed them could be promoted
-        // and serve the keys again after the certificate (shown live by review, 2026-12-04).
+        // and serve the keys again after the certificate.
         // Also when this call unlinked nothing: a resumed step waits for what an earlier one
         // wrote on the same connection.
         let mut touched = BTreeSet::new();

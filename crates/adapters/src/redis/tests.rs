@@ -1227,8 +1227,8 @@ fn index_mode_tenant_scope_erases_the_tenants_index_sets() {
 /// one that saw only slot owners certified it away. No command can reach it (the cluster
 /// routes its slot elsewhere), so the target is unavailable, naming the node and the slot,
 /// before anything is unlinked: counted, its UNLINK and a frozen verify went to the slot's
-/// owner, and the key was certified gone, then readable again once the slot moved there
-/// (review, 2026-12-04). Once the cluster is fixed (here the slot goes to the node holding the
+/// owner, and the key was certified gone, then readable again once the slot moved there.
+/// Once the cluster is fixed (here the slot goes to the node holding the
 /// key), the erase takes all 7 and verify finds none. Every other key kept byte for byte.
 #[test]
 fn a_primary_without_slots_is_scanned_too() {
@@ -1447,7 +1447,7 @@ fn a_slot_moved_during_the_pass_makes_it_pass_again() {
 
 /// An erase waits until every replica of each primary it wrote to has acknowledged it
 /// (`WAIT`): a replica that missed the UNLINKs could be promoted after COMPLETE and serve the
-/// keys again (shown live by review, 2026-12-04: 7 of 20 keys back after a failover). On a
+/// keys again (7 of 20 keys came back after a failover, shown live). On a
 /// private cluster of one primary and its replica: with the replica answering, the erase
 /// completes; with it stopped, the step is unavailable (retryable); once it runs again, the same
 /// step completes (the connection's UNLINKs are acknowledged) and the replica holds none of the

@@ -105,8 +105,7 @@ impl Run<'_> {
     /// them only when their target's erase began, and a write between the inventory and then
     /// that names no owner (LangGraph's `update_state()` without run metadata writes
     /// `{"source": "update"}`) was admitted on the person's thread; its erase then took more
-    /// rows than inventoried and the job blocked on `anomalous_volume` (found by review,
-    /// 2026-12-04). Locators that appear in the second reading (a thread registered meanwhile)
+    /// rows than inventoried and the job blocked on `anomalous_volume`. Locators that appear in the second reading (a thread registered meanwhile)
     /// are recorded in turn, for a few rounds; the anomaly guard covers anything later.
     pub(super) fn inventory_guarded(
         &self,
