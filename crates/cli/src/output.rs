@@ -137,16 +137,44 @@ pub fn certificate_markdown(c: &Value) -> String {
     if let Some(ts) = c["targets"].as_object() {
         for (name, t) in ts {
             let status = t["status"].as_str().unwrap_or("-");
-            let status = match t["reason"].as_str() {
+            let mut status = match t["reason"].as_str() {
                 Some(r) => format!("{status} ({r})"),
                 None => status.to_string(),
             };
+            if let Some(e) = t["expires"].as_str() {
+                status.push_str(&format!(" until {e}"));
+            }
+            match (
+                t["legacy"]["policy"].as_str(),
+                t["legacy"]["count"].as_u64(),
+            ) {
+                (Some("flush"), Some(n)) if n > 0 => status.push_str(&format!(
+                    "; {n} entries no index tied to anyone were erased with it (legacy = flush)"
+                )),
+                (Some("expire"), Some(n)) if n > 0 => status.push_str(&format!(
+                    "; {n} entries no index tied to anyone are left to expire (legacy = expire)"
+                )),
+                _ => {}
+            }
             out.push_str(&format!(
                 "| {name} | {status} | {} | {} | {} {} |\n",
                 t["count"],
                 t["class"].as_str().unwrap_or("-"),
                 t["adapter"].as_str().unwrap_or("-"),
                 t["adapter_version"].as_str().unwrap_or("-")
+            ));
+        }
+    }
+    if let Some(assets) = c["exempt_assets"].as_object().filter(|a| !a.is_empty()) {
+        out.push_str(
+            "\n## Not covered\n\nThe deployment declared these stores and no target erases them, \
+             so this certificate says nothing of what they hold:\n\n| asset | class | reason |\n|---|---|---|\n",
+        );
+        for (name, a) in assets {
+            out.push_str(&format!(
+                "| {name} | {} | {} |\n",
+                a["class"].as_str().unwrap_or("-"),
+                a["reason"].as_str().unwrap_or("-")
             ));
         }
     }

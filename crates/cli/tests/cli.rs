@@ -3886,3 +3886,73 @@ fn node_cache_legacy_entries_block_then_flush_or_expire_on_the_certificate() {
         }
     }
 }
+
+/// Registry completeness: a declared `[[asset]]` without a target is listed by `lethe targets`
+/// (text and JSON), signed on every certificate with its reason, and said in words in the
+/// DPO's Markdown view. A bad asset is refused (exit 2) before anything is touched.
+#[test]
+fn declared_assets_without_a_target_are_listed_and_certified_as_not_covered() {
+    let asset = "\n[[asset]]\nname = \"warehouse\"\nclass = \"analytics\"\nexempt = \"aggregates only, no row per person (DPIA-17)\"\n";
+    let env = Env::with_config(&(CONFIG.replace("BATCH", "500") + asset));
+    let (c, out) = env.json(&["targets", "--json"]);
+    assert_eq!(c, 0, "{out}");
+    let listed = out.as_array().unwrap();
+    let last = listed.last().unwrap();
+    assert_eq!(
+        (
+            last["name"].as_str(),
+            last["kind"].is_null(),
+            last["exempt"].as_str()
+        ),
+        (
+            Some("warehouse"),
+            true,
+            Some("aggregates only, no row per person (DPIA-17)")
+        ),
+        "{out}"
+    );
+    let text = env.run(&["targets"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("NOT ERASED BECAUSE"));
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(
+        out["certificate"]["exempt_assets"]["warehouse"],
+        serde_json::json!({"class": "analytics", "reason": "aggregates only, no row per person (DPIA-17)"})
+    );
+    let job = out["job_id"].as_str().unwrap();
+    let md = env.run(&["certificate", "show", job, "--format", "md"]);
+    let md = String::from_utf8_lossy(&md.stdout).into_owned();
+    assert!(
+        md.contains("## Not covered") && md.contains("| warehouse | analytics |"),
+        "{md}"
+    );
+    let file = env.path().join("certificates").join(format!("{job}.json"));
+    let o = env.run(&["certificate", "verify", file.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    for (bad, says_what) in [
+        (
+            "\n[[asset]]\nname = \"checkpoints\"\nclass = \"analytics\"\nexempt = \"x\"\n",
+            "has that name",
+        ),
+        (
+            "\n[[asset]]\nname = \"w\"\nclass = \"spreadsheet\"\nexempt = \"x\"\n",
+            "unknown class",
+        ),
+        (
+            "\n[[asset]]\nname = \"w\"\nclass = \"analytics\"\nexempt = \" \"\n",
+            "must say why",
+        ),
+        (
+            "\n[[asset]]\nname = \"w\"\nclass = \"analytics\"\n",
+            "exempt",
+        ),
+    ] {
+        let env = Env::with_config(&(CONFIG.replace("BATCH", "500") + bad));
+        let before = env.memory_bytes();
+        let out = env.run(&ERASE_ALICE);
+        assert_eq!(code(&out), 2, "{bad}: {}", stderr(&out));
+        says(&out, says_what);
+        assert_eq!(env.memory_bytes(), before);
+    }
+}

@@ -60,6 +60,16 @@ pub struct TargetRecord {
     pub legacy: Option<LegacyRecord>,
 }
 
+/// A declared store no target erases.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptAsset {
+    /// What it holds (a target class).
+    pub class: String,
+    /// Why it is not erased.
+    pub reason: String,
+}
+
 /// Entries of a derived store that no lineage ties to a subject, and what became of them.
 #[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -104,6 +114,10 @@ pub struct Certificate {
     /// When the last backup copy expires, if any target is pending expiry.
     #[serde(default)]
     pub backup_expiry: Option<Date>,
+    /// Stores the deployment declared but no target erases, by name, with the reason: what
+    /// this certificate does not cover.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exempt_assets: BTreeMap<String, ExemptAsset>,
     /// `ed25519:<hex>`: the public key that signed it.
     pub signed_by: String,
 }
@@ -158,7 +172,7 @@ pub fn key_name(k: &VerifyingKey) -> String {
 
 /// The keys a certificate has (its own and its target lines'), the only ones a message about
 /// its shape may name.
-const CERTIFICATE_KEYS: [&str; 23] = [
+const CERTIFICATE_KEYS: [&str; 26] = [
     "format",
     "job_id",
     "scope",
@@ -182,6 +196,9 @@ const CERTIFICATE_KEYS: [&str; 23] = [
     "error_codes",
     "reason",
     "expires",
+    "legacy",
+    "policy",
+    "exempt_assets",
 ];
 
 /// Refuses a document in which an object names a key twice. A JSON parser keeps one of the
@@ -355,6 +372,7 @@ mod tests {
             deadline: date!(2027 - 01 - 02),
             targets,
             backup_expiry: None,
+            exempt_assets: BTreeMap::new(),
             signed_by: String::new(),
         }
     }

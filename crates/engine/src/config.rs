@@ -70,6 +70,28 @@ struct Raw {
     #[serde(default)]
     target: Vec<toml::Table>,
     serve: Option<Object<RawServe>>,
+    #[serde(default)]
+    asset: Vec<Object<RawAsset>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAsset {
+    name: String,
+    class: String,
+    exempt: String,
+}
+
+/// A store the deployment declares but Lethe does not erase (`[[asset]]`): its name, class,
+/// and the reason it is exempt. Listed on every certificate, so what was not checked is said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asset {
+    /// Its name, unique among targets and assets.
+    pub name: String,
+    /// What it holds: one of the target classes.
+    pub class: String,
+    /// Why no target erases it, in words an auditor reads on the certificate.
+    pub exempt: String,
 }
 
 #[derive(serde::Deserialize)]
@@ -152,6 +174,8 @@ pub struct Config {
     pub batch_rows: u64,
     /// The targets, in file order.
     pub targets: Vec<Target>,
+    /// Declared assets without a target, in file order.
+    pub assets: Vec<Asset>,
     /// `[serve]`, for `lethe serve`.
     pub serve: Serve,
 }
@@ -301,6 +325,45 @@ impl Config {
                 "no [[target]]: register at least one store to erase".into(),
             ));
         }
+        let mut assets = Vec::new();
+        for (i, Object(a)) in raw.asset.into_iter().enumerate() {
+            if a.name.is_empty()
+                || a.name.chars().any(|c| {
+                    c.is_control() || c.is_whitespace() || lethe_core::ident::is_invisible(c)
+                })
+            {
+                return Err(invalid(format!(
+                    "asset #{}: name must be non-empty, without spaces, control or invisible \
+                     characters",
+                    i + 1
+                )));
+            }
+            if !names.insert(a.name.clone()) {
+                return Err(invalid(format!(
+                    "asset '{}': a target or another asset has that name",
+                    a.name
+                )));
+            }
+            if !lethe_adapters::registry::CLASSES.contains(&a.class.as_str()) {
+                return Err(invalid(format!(
+                    "asset '{}': unknown class; known: {}",
+                    a.name,
+                    lethe_adapters::registry::CLASSES.join(", ")
+                )));
+            }
+            if a.exempt.trim().is_empty() || a.exempt.chars().any(char::is_control) {
+                return Err(invalid(format!(
+                    "asset '{}': `exempt` must say why, on one line: it is written on every \
+                     certificate (and so must name no person)",
+                    a.name
+                )));
+            }
+            assets.push(Asset {
+                name: a.name,
+                class: a.class,
+                exempt: a.exempt,
+            });
+        }
         let policy_version = c.policy_version.unwrap_or_else(|| "1".into());
         if policy_version.trim().is_empty() || policy_version.chars().any(char::is_control) {
             return Err(invalid(
@@ -366,6 +429,7 @@ impl Config {
             batch_size,
             batch_rows,
             targets,
+            assets,
             serve,
         })
     }

@@ -162,6 +162,8 @@ pub struct TargetCount {
 pub struct Engine {
     journal: Journal,
     targets: Vec<Target>,
+    /// Declared stores no target erases: listed on every certificate.
+    assets: Vec<config::Asset>,
     key: DeploymentKey,
     clock: Arc<dyn Clock>,
     policy_version: String,
@@ -299,6 +301,7 @@ impl Engine {
         Ok(Self {
             journal,
             targets: config.targets,
+            assets: config.assets,
             key,
             clock,
             policy_version: config.policy_version,

@@ -1,4 +1,5 @@
-//! `lethe targets`: every target, its kind and class, and whether it answers.
+//! `lethe targets`: every target, its kind and class, and whether it answers; then every
+//! declared asset no target erases, with its reason.
 
 use std::path::Path;
 
@@ -25,12 +26,18 @@ pub(crate) fn run(config: &Path, json: bool) -> Result<i32, Exit> {
         ));
     }
     if json {
+        // Assets follow the targets in the same list: `kind` null, `exempt` their reason.
+        let assets = cfg
+            .assets
+            .iter()
+            .map(|a| json!({"name": a.name, "kind": null, "class": a.class, "exempt": a.exempt}));
         print_json(&json!(rows
             .iter()
             .map(|(n, d, c, e)| json!({
                 "name": n, "kind": d.kind, "version": d.version, "class": c,
                 "capabilities": d.capabilities, "reachable": e.is_none(), "error": e,
             }))
+            .chain(assets)
             .collect::<Vec<_>>()));
     } else {
         let mut t = Table::new(&["TARGET", "KIND", "VERSION", "CLASS", "REACHABLE"]);
@@ -44,6 +51,14 @@ pub(crate) fn run(config: &Path, json: bool) -> Result<i32, Exit> {
             ]);
         }
         t.print();
+        if !cfg.assets.is_empty() {
+            println!();
+            let mut t = Table::new(&["ASSET", "CLASS", "NOT ERASED BECAUSE"]);
+            for a in &cfg.assets {
+                t.row(vec![a.name.clone(), a.class.clone(), a.exempt.clone()]);
+            }
+            t.print();
+        }
     }
     Ok(if rows.iter().any(|r| r.3.is_some()) {
         1

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lethe_adapters::{AdapterError, Applicability, Fence, Target};
-use lethe_core::certificate::{self, Certificate, LegacyRecord, TargetRecord, TargetStatus};
+use lethe_core::certificate::{
+    self, Certificate, ExemptAsset, LegacyRecord, TargetRecord, TargetStatus,
+};
 use lethe_core::{BlockedReason, Scope};
 use lethe_journal::jobs::JobRecord;
 use lethe_journal::Entry;
@@ -416,6 +418,17 @@ impl Run<'_> {
             )
             .map_err(|_| lethe_journal::JournalError::Corrupt("deadline".into()))?,
             backup_expiry: records.values().filter_map(|r| r.expires).max(),
+            exempt_assets: self
+                .assets
+                .iter()
+                .map(|a| {
+                    let asset = ExemptAsset {
+                        class: a.class.clone(),
+                        reason: a.exempt.clone(),
+                    };
+                    (a.name.clone(), asset)
+                })
+                .collect(),
             targets: records,
             signed_by: String::new(),
         };
