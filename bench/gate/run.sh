@@ -21,7 +21,8 @@
 # Env: ROUNDS, SECS (per measurement, default 5), HTTP_CLIENTS (default "8"; "8 32" also runs
 # 32 clients, reported as http-postgres-c32), LETHE_PG15_URL (admin URL), LETHE_BIN (time
 # this lethe binary instead of building one, e.g. an older commit's, for a before/after),
-# ONLY_HTTP=1 (only the HTTP clients and the floor: a quicker before/after of the server).
+# ONLY_HTTP=1 (only the HTTP clients and the floor: a quicker before/after of the server),
+# CARGO_TARGET_DIR (where the builds go, as for cargo).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
@@ -32,8 +33,9 @@ ADMIN=${LETHE_PG15_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG="${ADMIN%/*}/lethe_gate_bench?sslmode=disable"
 [ -n "${LETHE_BIN:-}" ] || cargo build --release --locked --quiet -p lethe-cli
 cargo build --release --locked --quiet -p lethe-server --example gate_bench
-LETHE=${LETHE_BIN:-$PWD/target/release/lethe}
-DRIVER=$PWD/target/release/examples/gate_bench
+TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
+LETHE=${LETHE_BIN:-$TARGET/release/lethe}
+DRIVER=$TARGET/release/examples/gate_bench
 mkdir -p bench/out
 OUT=$PWD/bench/out/gate-$(date -u +%Y%m%dT%H%M%SZ).jsonl
 WORK=$(mktemp -d)

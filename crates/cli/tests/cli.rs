@@ -88,8 +88,8 @@ impl Env {
     fn hold_permit(
         &self,
         ttl_secs: u64,
-        sink: lethe_journal::gate::Sink,
-    ) -> (lethe_journal::Journal, lethe_journal::gate::Permit) {
+        sink: lethe_gate::Sink,
+    ) -> (lethe_journal::Journal, lethe_gate::Permit) {
         assert_eq!(code(&self.run(&["jobs"])), 0); // creates the journal
         let journal = lethe_journal::Journal::open(&self.path().join("lethe-journal.db")).unwrap();
         let now = time::OffsetDateTime::now_utc();
@@ -1239,7 +1239,7 @@ fn a_run_killed_at_any_point_resumes_to_the_same_certificate_counts() {
 fn permits_that_do_not_drain_block_the_job_until_released() {
     let env = Env::new(500);
     // An agent run holds a permit on alice's memory (library API, same control database).
-    let (journal, permit) = env.hold_permit(1, lethe_journal::gate::Sink::State);
+    let (journal, permit) = env.hold_permit(1, lethe_gate::Sink::State);
     let before = env.memory_bytes();
     let mut args = ERASE_ALICE.to_vec();
     args.extend(["--drain-timeout", "0"]);
@@ -1995,7 +1995,7 @@ fn a_memory_request_that_cannot_be_frozen_creates_no_job() {
 #[test]
 fn a_hold_placed_on_a_blocked_job_stops_its_resume() {
     let env = Env::new(500);
-    let (journal, permit) = env.hold_permit(60, lethe_journal::gate::Sink::Tool);
+    let (journal, permit) = env.hold_permit(60, lethe_gate::Sink::Tool);
     let mut args = ERASE_ALICE.to_vec();
     args.extend(["--drain-timeout", "0"]);
     let (c, out) = env.json(&args);
@@ -3292,7 +3292,7 @@ fn an_erasure_from_another_process_than_the_in_process_gate_is_refused_and_touch
     assert_eq!(jobs[0]["state"], "REQUESTED");
     // The gate's own state is as it was: no fence it does not know of.
     let p = gate
-        .take_permit(now, lease.id, lethe_journal::gate::Sink::Tool)
+        .take_permit(now, lease.id, lethe_gate::Sink::Tool)
         .unwrap();
     gate.release_permit(p.id).unwrap();
     drop(gate);
@@ -3370,7 +3370,7 @@ fn with_json_every_refusal_is_json_on_stdout_too() {
 #[test]
 fn progress_and_refusals_a_newcomer_meets_are_short_and_clear() {
     let env = Env::new(500);
-    let (_journal, _permit) = env.hold_permit(60, lethe_journal::gate::Sink::Tool);
+    let (_journal, _permit) = env.hold_permit(60, lethe_gate::Sink::Tool);
     let mut args = ERASE_ALICE.to_vec();
     args.retain(|a| *a != "--json");
     args.extend(["--drain-timeout", "1"]);
@@ -3443,7 +3443,7 @@ fn lookalike_identifiers_are_warned_of_and_work_names_blocked_jobs() {
         let out = env.run(&[cmd, "--tenant", "acme", "--subject", "bob"]);
         assert!(!stderr(&out).contains("warning: --subject"), "{cmd}");
     }
-    let (_journal, _permit) = env.hold_permit(60, lethe_journal::gate::Sink::Tool);
+    let (_journal, _permit) = env.hold_permit(60, lethe_gate::Sink::Tool);
     let mut args = ERASE_ALICE.to_vec();
     args.extend(["--drain-timeout", "0"]);
     let (c, _) = env.json(&args);

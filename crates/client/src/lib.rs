@@ -1,11 +1,9 @@
 //! A blocking client for the gate of `lethe serve` (HTTP/1.1, JSON), for agent runtimes
-//! written in Rust: one keep-alive connection per [`Client`], plus one per [`Revocations`]
-//! stream. `https://` goes through OpenSSL (which every Lethe binary links already), with the
-//! server's chain and host name always verified; [`Client::with_ca_file`] trusts a private CA.
-//!
-//! The HTTP/1.1 framing is this crate's own, not a pooled client's: the rules below need to
-//! know whether a request left on a connection, and a pool that retries on a stale connection
-//! by itself would send a release twice (the unit tests pin each rule).
+//! written in Rust: kept-alive connections, plus one per [`Revocations`] stream. HTTP is
+//! `ureq`'s, and `https://` is rustls's, with the server's chain and host name always verified
+//! (against the Mozilla roots `webpki-roots` carries, or only a private CA's with
+//! [`Client::with_ca_file`]); an `https://` client never speaks plain HTTP, nor follows a
+//! redirect.
 //!
 //! ```no_run
 //! use lethe_client::{Client, Sink};
@@ -24,16 +22,18 @@
 //! permit take (it carries a random key, and the gate returns the permit its first sending
 //! registered), and the end of a keyed permit (`no_such_permit` to the second sending means the
 //! first ended it). Anything else is reported to the caller.
+//!
+//! Only this crate sends a request again: `ureq` has no retry of its own and follows no
+//! redirect here (`max_redirects(0)`), so a request that fails after it left comes back as an
+//! error to the rules above (a pooled connection the server closed is found before the request
+//! is written, as its pool probes the socket; the unit tests pin each rule).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
-use openssl::ssl::{SslConnector, SslMethod, SslStream};
+use std::time::Duration;
 
 use serde_json::{json, Value};
+use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
 /// What went wrong. A gate refusal carries the server's stable code.
 #[derive(Debug, thiserror::Error)]
@@ -128,153 +128,94 @@ impl Permit {
     }
 }
 
-/// A connection to the gate. Requests on one client are serialized; give each worker thread
-/// its own client.
+/// A connection to the gate, kept alive between requests. Threads may share a client (each
+/// request in flight gets a connection of its own); give each busy worker thread its own.
 pub struct Client {
-    /// `host:port`, as the `Host` header names it.
-    addr: String,
-    /// `Some` for `https://`: what the handshake verifies against (or why OpenSSL could not
-    /// make it, reported by each request).
-    tls: Option<std::result::Result<SslConnector, String>>,
-    token: String,
-    /// The kept-alive connection, and when its last answer came.
-    conn: Mutex<Option<(BufReader<Stream>, Instant)>>,
-}
-
-/// One connection to the server: plain TCP, or TLS over it.
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<SslStream<TcpStream>>),
-}
-
-impl Stream {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(s) => s.get_ref(),
-        }
-    }
-
-    /// Whether the server has closed the connection (or sent bytes nobody asked for): a look
-    /// without waiting. Over TLS a record may arrive unasked and mean nothing (a TLS 1.3
-    /// session ticket): it is read, and only application data or a close counts.
-    fn closed_by_peer(&mut self) -> bool {
-        if self.tcp().set_nonblocking(true).is_err() {
-            return true;
-        }
-        let closed = match self {
-            Stream::Plain(s) => {
-                !matches!(s.peek(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-            }
-            Stream::Tls(s) => {
-                s.ssl().pending() > 0
-                    || match s.ssl_read(&mut [0u8; 1]) {
-                        Err(e) => !matches!(
-                            e.code(),
-                            openssl::ssl::ErrorCode::WANT_READ
-                                | openssl::ssl::ErrorCode::WANT_WRITE
-                        ),
-                        Ok(_) => true,
-                    }
-            }
-        };
-        self.tcp().set_nonblocking(false).is_err() || closed
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.read(buf),
-            Stream::Tls(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Stream::Plain(s) => s.write(buf),
-            Stream::Tls(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.flush(),
-            Stream::Tls(s) => s.flush(),
-        }
-    }
+    /// `http://host:port` or `https://host:port`, without a trailing slash.
+    base: String,
+    agent: ureq::Agent,
+    /// The `Authorization` header's value.
+    bearer: String,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client").field("addr", &self.addr).finish()
+        f.debug_struct("Client").field("base", &self.base).finish()
     }
+}
+
+/// How long a kept-alive connection may sit idle and still be reused: half `lethe serve`'s
+/// idle timeout (60 s), so the server is not closing it just as a request leaves, which no
+/// look at the socket can see.
+const IDLE_REUSE: Duration = Duration::from_secs(30);
+
+/// How long a request waits for its answer before the answer counts as lost.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The agent every request goes through; `roots`: whom `https://` trusts.
+fn agent(https: bool, roots: RootCerts) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        // Never sent elsewhere: a redirect (a POST turned into a GET) or a proxy named in the
+        // environment would change what a lost answer means.
+        .max_redirects(0)
+        .proxy(None)
+        .https_only(https)
+        // A refusal's body carries its code: statuses are this crate's to read.
+        .http_status_as_error(false)
+        .max_idle_age(IDLE_REUSE)
+        .timeout_recv_response(Some(ANSWER_TIMEOUT))
+        .timeout_recv_body(Some(ANSWER_TIMEOUT))
+        .user_agent(concat!("lethe-client/", env!("CARGO_PKG_VERSION")))
+        .tls_config(TlsConfig::builder().root_certs(roots).build())
+        .build()
+        .new_agent()
 }
 
 impl Client {
     /// A client for the server at `addr`, authenticating with `token`: `host:port` or
     /// `http://host:port` for plain HTTP (loopback, or a network you trust), `https://host:port`
-    /// for TLS, verified against the system's CA certificates (add one with
-    /// [`Client::with_ca_file`]).
+    /// for TLS, verified against the Mozilla root CAs (`webpki-roots`); for a private CA, see
+    /// [`Client::with_ca_file`].
     pub fn new(addr: impl Into<String>, token: impl Into<String>) -> Self {
         let addr = addr.into();
-        let (addr, tls) = match addr.strip_prefix("https://") {
-            Some(rest) => (rest.trim_end_matches('/').to_string(), true),
-            None => (
-                addr.strip_prefix("http://")
-                    .unwrap_or(&addr)
-                    .trim_end_matches('/')
-                    .to_string(),
-                false,
-            ),
+        let base = if addr.starts_with("https://") || addr.starts_with("http://") {
+            addr.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}", addr.trim_end_matches('/'))
         };
+        let https = base.starts_with("https://");
         Self {
-            addr,
-            // The system's trusted certificates (OpenSSL's default paths).
-            tls: tls.then(|| {
-                SslConnector::builder(SslMethod::tls_client())
-                    .map(|b| b.build())
-                    .map_err(|e| e.to_string())
-            }),
-            token: token.into(),
-            conn: Mutex::new(None),
+            agent: agent(https, RootCerts::WebPki),
+            base,
+            bearer: format!("Bearer {}", token.into()),
         }
     }
 
-    /// Trusts the CA certificates of a PEM file too (a private CA in front of `lethe serve`),
-    /// beside the system's. For an `https://` client; an `http://` one is returned unchanged.
+    /// Trusts the CA certificates of a PEM file, and only them (a private CA in front of
+    /// `lethe serve`: a certificate from a public CA for the same name is refused). For an
+    /// `https://` client; an `http://` one is returned unchanged.
     pub fn with_ca_file(mut self, pem: impl AsRef<Path>) -> Result<Self> {
-        if self.tls.is_none() {
+        if !self.base.starts_with("https://") {
             return Ok(self);
         }
-        let tls_err = |e: openssl::error::ErrorStack| Error::Tls(e.to_string());
-        let mut b = SslConnector::builder(SslMethod::tls_client()).map_err(tls_err)?;
-        b.set_ca_file(pem.as_ref()).map_err(tls_err)?;
-        self.tls = Some(Ok(b.build()));
+        let path = pem.as_ref();
+        let bytes =
+            std::fs::read(path).map_err(|e| Error::Tls(format!("{}: {e}", path.display())))?;
+        let mut certs: Vec<Certificate<'static>> = Vec::new();
+        for item in ureq::tls::parse_pem(&bytes) {
+            match item.map_err(|e| Error::Tls(format!("{}: {e}", path.display())))? {
+                PemItem::Certificate(c) => certs.push(c),
+                _ => continue,
+            }
+        }
+        if certs.is_empty() {
+            return Err(Error::Tls(format!(
+                "{}: no certificate in the PEM file",
+                path.display()
+            )));
+        }
+        self.agent = agent(true, RootCerts::new_with_certs(&certs));
         Ok(self)
-    }
-
-    /// A new connection to the server, TLS-wrapped for `https://`.
-    fn connect(&self) -> Result<Stream> {
-        let tcp = TcpStream::connect(&self.addr)?;
-        tcp.set_nodelay(true)?;
-        let Some(tls) = &self.tls else {
-            return Ok(Stream::Plain(tcp));
-        };
-        // The name the certificate must carry: the host part, without brackets for IPv6.
-        let host = self
-            .addr
-            .rsplit_once(':')
-            .map_or(self.addr.as_str(), |(h, _)| h)
-            .trim_start_matches('[')
-            .trim_end_matches(']');
-        let tls = tls.as_ref().map_err(|e| Error::Tls(e.clone()))?;
-        let s = tls
-            .connect(host, tcp)
-            .map_err(|e| Error::Tls(e.to_string()))?;
-        Ok(Stream::Tls(Box::new(s)))
     }
 
     /// Takes a lease for a run that read the subject's memory: `reads` are the
@@ -418,28 +359,30 @@ impl Client {
     /// Opens the revocation stream for these leases on its own connection.
     pub fn revocations(&self, leases: &[i64]) -> Result<Revocations> {
         let ids: Vec<String> = leases.iter().map(i64::to_string).collect();
-        let mut stream = self.connect()?;
-        write!(
-            stream,
-            "GET /v1/revocations?leases={} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nAccept: text/event-stream\r\n\r\n",
-            ids.join(","),
-            self.addr,
-            self.token
-        )?;
-        let mut reader = BufReader::new(stream);
-        let head = read_head(&mut reader)?;
-        if head.status != 200 {
-            let body = read_body(&mut reader, &head)?;
-            return Err(refusal(head.status, &body));
+        let url = format!("{}/v1/revocations?leases={}", self.base, ids.join(","));
+        let answer = self
+            .agent
+            .get(&url)
+            .header("Authorization", &self.bearer)
+            .header("Accept", "text/event-stream")
+            .config()
+            // The stream stays open as long as its leases do: no answer is late.
+            .timeout_recv_body(None)
+            .build()
+            .call()
+            .map_err(|e| self.error(e))?;
+        let status = answer.status().as_u16();
+        let mut body = answer.into_body();
+        if status != 200 {
+            let bytes = read_all(&mut body).map_err(|e| self.error(e))?;
+            return Err(refusal(status, &bytes));
         }
         Ok(Revocations {
-            reader,
-            chunked: head.chunked,
-            pending: String::new(),
+            reader: BufReader::new(body.into_reader()),
         })
     }
 
-    /// One request on the keep-alive connection, reconnecting once if the server closed it.
+    /// One request, on a kept-alive connection if one is idle.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
         self.send(method, path, body, method == "GET")
     }
@@ -459,76 +402,104 @@ impl Client {
         body: Option<&Value>,
         resend: bool,
     ) -> (Result<Value>, bool) {
-        let mut twice = false;
-        let answer = self.send_inner(method, path, body, resend, &mut twice);
-        (answer, twice)
-    }
-
-    fn send_inner(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&Value>,
-        resend: bool,
-        twice: &mut bool,
-    ) -> Result<Value> {
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        // A kept-alive connection the server has closed meanwhile (its idle timeout, a restart)
-        // is found before the request is sent, never after: a request that may have been acted
-        // on (a permit registered, a release) is sent twice only when that is safe.
-        // One idle past half the server's idle timeout is replaced too: the server may be
-        // closing it just as the request leaves, which no look at the socket can see.
-        if guard.as_mut().is_some_and(|(r, used)| {
-            used.elapsed() > IDLE_REUSE || !r.buffer().is_empty() || r.get_mut().closed_by_peer()
-        }) {
-            *guard = None;
-        }
+        let body = body.map(|b| b.to_string().into_bytes());
         for attempt in 0..2 {
-            *twice = attempt > 0;
-            let fresh = guard.is_none();
-            if fresh {
-                let s = self.connect()?;
-                s.tcp().set_read_timeout(Some(Duration::from_secs(60)))?;
-                *guard = Some((BufReader::new(s), Instant::now()));
-            }
-            let (reader, used) = guard.as_mut().expect("connected above");
-            let answer = roundtrip(reader, &self.addr, &self.token, method, path, &body);
-            if answer.is_ok() {
-                *used = Instant::now();
-            }
-            match answer {
+            let twice = attempt > 0;
+            match self.roundtrip(method, path, body.as_deref()) {
                 // The control store did not answer, maybe after the commit (a keyed take's
                 // permit may be registered): sent again, once, if that is safe.
-                Ok((503, _)) if attempt == 0 && resend => {}
+                Ok((503, _)) if !twice && resend => {}
                 Ok((status, bytes)) => {
-                    if status >= 400 {
-                        return Err(refusal(status, &bytes));
-                    }
-                    if bytes.is_empty() {
-                        return Ok(Value::Null);
-                    }
-                    return serde_json::from_slice(&bytes)
-                        .map_err(|e| Error::Protocol(e.to_string()));
+                    let answer = if status >= 400 {
+                        Err(refusal(status, &bytes))
+                    } else if !(200..300).contains(&status) {
+                        Err(Error::Protocol(format!("status {status}")))
+                    } else if bytes.is_empty() {
+                        Ok(Value::Null)
+                    } else {
+                        serde_json::from_slice(&bytes).map_err(|e| Error::Protocol(e.to_string()))
+                    };
+                    return (answer, twice);
                 }
                 // The answer was lost (the server closed the connection just as the request
                 // left, a proxy cut it): only a request that may be sent again is, once, on a
-                // new connection. Anything else may have been acted on, so its caller sees the
-                // error.
-                Err(Error::Io(_)) if attempt == 0 && resend => *guard = None,
-                Err(e) => {
-                    *guard = None;
-                    return Err(e);
-                }
+                // new connection (the failed one is not pooled). Anything else may have been
+                // acted on, so its caller sees the error.
+                Err(Error::Io(_)) if !twice && resend => {}
+                Err(e) => return (Err(e), twice),
             }
         }
-        Err(Error::Protocol("unreachable retry".into()))
+        unreachable!("the second attempt returns")
+    }
+
+    /// Sends one request and reads its whole answer: its status and body.
+    fn roundtrip(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<(u16, Vec<u8>)> {
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("Authorization", &self.bearer);
+        let sent = match (method, body) {
+            // A request with a body, or a POST without one, declares its length (0 included).
+            (_, Some(b)) => self.agent.run(
+                request
+                    .header("Content-Type", "application/json")
+                    .body(b)
+                    .map_err(|e| Error::Protocol(e.to_string()))?,
+            ),
+            ("POST", None) => self.agent.run(
+                request
+                    .body(&[][..])
+                    .map_err(|e| Error::Protocol(e.to_string()))?,
+            ),
+            (_, None) => self.agent.run(
+                request
+                    .body(())
+                    .map_err(|e| Error::Protocol(e.to_string()))?,
+            ),
+        };
+        let answer = sent.map_err(|e| self.error(e))?;
+        let status = answer.status().as_u16();
+        // Read to its end, so the connection goes back to the pool.
+        let bytes = read_all(answer.into_body()).map_err(|e| self.error(e))?;
+        Ok((status, bytes))
+    }
+
+    /// This crate's error for one of `ureq`'s. Only [`Error::Io`] is a lost answer, which a
+    /// request that may be sent again is.
+    fn error(&self, e: ureq::Error) -> Error {
+        use std::io::ErrorKind;
+        match e {
+            // rustls reports a failed handshake, or a record that does not verify, as invalid
+            // data read from the socket: that is no lost answer, and never sent again.
+            ureq::Error::Io(e)
+                if e.kind() == ErrorKind::InvalidData && self.base.starts_with("https://") =>
+            {
+                Error::Tls(e.to_string())
+            }
+            ureq::Error::Io(e) => Error::Io(e),
+            ureq::Error::Timeout(t) => Error::Io(std::io::Error::new(
+                ErrorKind::TimedOut,
+                format!("timeout: {t}"),
+            )),
+            ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => {
+                Error::Io(std::io::Error::new(ErrorKind::NotConnected, e.to_string()))
+            }
+            ureq::Error::Tls(_)
+            | ureq::Error::Pem(_)
+            | ureq::Error::Rustls(_)
+            | ureq::Error::TlsRequired
+            | ureq::Error::RequireHttpsOnly(_) => Error::Tls(e.to_string()),
+            e => Error::Protocol(e.to_string()),
+        }
     }
 }
 
-/// How long a kept-alive connection may sit idle and still be reused: half `lethe serve`'s
-/// idle timeout (60 s).
-const IDLE_REUSE: Duration = Duration::from_secs(30);
+/// A whole body, without the 10 MiB cap of `ureq`'s `read_to_vec` (a job list may be long).
+fn read_all(mut body: impl std::borrow::BorrowMut<ureq::Body>) -> Result<Vec<u8>, ureq::Error> {
+    let mut out = Vec::new();
+    body.borrow_mut().as_reader().read_to_end(&mut out)?;
+    Ok(out)
+}
 
 /// A random name for one permit take (its `key`): 128 bits, in hex.
 fn take_key() -> Result<String> {
@@ -547,107 +518,10 @@ fn refusal(status: u16, body: &[u8]) -> Error {
     }
 }
 
-fn roundtrip(
-    reader: &mut BufReader<Stream>,
-    addr: &str,
-    token: &str,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Result<(u16, Vec<u8>)> {
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if !body.is_empty() {
-        req.push_str("Content-Type: application/json\r\n");
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    reader.get_mut().write_all(req.as_bytes())?;
-    let head = read_head(reader)?;
-    let bytes = read_body(reader, &head)?;
-    Ok((head.status, bytes))
-}
-
-struct Head {
-    status: u16,
-    length: Option<usize>,
-    chunked: bool,
-}
-
-fn read_head(reader: &mut impl BufRead) -> Result<Head> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
-    }
-    let status = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| Error::Protocol("bad status line".into()))?;
-    let (mut length, mut chunked) = (None, false);
-    loop {
-        line.clear();
-        if reader.read_line(&mut line)? == 0 {
-            return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = l.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
-            if k == "content-length" {
-                length = v.parse().ok();
-            } else if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            }
-        }
-    }
-    Ok(Head {
-        status,
-        length,
-        chunked,
-    })
-}
-
-fn read_body(reader: &mut impl BufRead, head: &Head) -> Result<Vec<u8>> {
-    if head.chunked {
-        let mut out = Vec::new();
-        while let Some(chunk) = read_chunk(reader)? {
-            out.extend_from_slice(&chunk);
-        }
-        return Ok(out);
-    }
-    let mut out = vec![0; head.length.unwrap_or(0)];
-    reader.read_exact(&mut out)?;
-    Ok(out)
-}
-
-/// One chunk of a chunked body; `None` at the last (empty) chunk.
-fn read_chunk(reader: &mut impl BufRead) -> Result<Option<Vec<u8>>> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
-    }
-    let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
-        .map_err(|_| Error::Protocol("bad chunk size".into()))?;
-    let mut chunk = vec![0; size];
-    reader.read_exact(&mut chunk)?;
-    let mut crlf = [0; 2];
-    reader.read_exact(&mut crlf)?;
-    if size == 0 {
-        return Ok(None);
-    }
-    Ok(Some(chunk))
-}
-
-/// The revocation stream (server-sent events) for a set of leases.
+/// The revocation stream (server-sent events) for a set of leases: `ureq` undoes the chunked
+/// framing, and the events' lines are read here.
 pub struct Revocations {
-    reader: BufReader<Stream>,
-    chunked: bool,
-    pending: String,
+    reader: BufReader<ureq::BodyReader<'static>>,
 }
 
 impl std::fmt::Debug for Revocations {
@@ -659,44 +533,34 @@ impl std::fmt::Debug for Revocations {
 impl Revocations {
     /// Blocks until the next revoked lease id; `Ok(None)` when the server ended the stream.
     pub fn next_revoked(&mut self) -> Result<Option<i64>> {
+        let (mut name, mut data) = (String::new(), String::new());
+        let mut line = String::new();
         loop {
-            // Complete events end with a blank line.
-            if let Some(end) = self.pending.find("\n\n") {
-                let event: String = self.pending.drain(..end + 2).collect();
-                let mut name = "message";
-                let mut data = String::new();
-                for line in event.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
-                        name = v.trim();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.trim());
-                    }
-                }
-                if name == "revoked" {
-                    let v: Value =
-                        serde_json::from_str(&data).map_err(|e| Error::Protocol(e.to_string()))?;
-                    return v
-                        .get("lease_id")
-                        .and_then(Value::as_i64)
-                        .map(Some)
-                        .ok_or_else(|| Error::Protocol("revoked event without lease_id".into()));
+            line.clear();
+            if self.reader.read_line(&mut line)? == 0 {
+                return Ok(None);
+            }
+            let l = line.trim_end_matches(['\r', '\n']);
+            // A blank line ends an event; a line starting with ':' is a comment (a keepalive).
+            if !l.is_empty() {
+                if let Some(v) = l.strip_prefix("event:") {
+                    name = v.trim().to_string();
+                } else if let Some(v) = l.strip_prefix("data:") {
+                    data.push_str(v.trim());
                 }
                 continue;
             }
-            let bytes = if self.chunked {
-                match read_chunk(&mut self.reader)? {
-                    Some(b) => b,
-                    None => return Ok(None),
-                }
-            } else {
-                let mut line = String::new();
-                if self.reader.read_line(&mut line)? == 0 {
-                    return Ok(None);
-                }
-                line.into_bytes()
-            };
-            self.pending
-                .push_str(&String::from_utf8_lossy(&bytes).replace("\r\n", "\n"));
+            if name == "revoked" {
+                let v: Value =
+                    serde_json::from_str(&data).map_err(|e| Error::Protocol(e.to_string()))?;
+                return v
+                    .get("lease_id")
+                    .and_then(Value::as_i64)
+                    .map(Some)
+                    .ok_or_else(|| Error::Protocol("revoked event without lease_id".into()));
+            }
+            name.clear();
+            data.clear();
         }
     }
 }
@@ -708,7 +572,8 @@ mod tests {
     //! end go again with its key, and nothing else that may have been acted on.
 
     use super::*;
-    use std::net::TcpListener;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
     use std::sync::mpsc;
 
     /// Reads one request; returns its request line and body.
@@ -958,46 +823,60 @@ mod tests {
         assert!(listener.accept().is_err(), "or on a new connection");
     }
 
-    /// A certificate for `ip`, signed by itself (it is its own CA), and its key.
-    fn self_signed(
-        ip: &str,
-    ) -> (
-        openssl::pkey::PKey<openssl::pkey::Private>,
-        openssl::x509::X509,
-    ) {
+    type Key = openssl::pkey::PKey<openssl::pkey::Private>;
+
+    /// A certificate named `cn` for `key`, signed by `issuer` (by itself if `None`): a CA's, or
+    /// a server's for the IP address `ip` (webpki takes no CA's certificate as a server's).
+    fn certificate(
+        cn: &str,
+        key: &Key,
+        issuer: Option<(&openssl::x509::X509, &Key)>,
+        ip: Option<&str>,
+    ) -> openssl::x509::X509 {
         use openssl::asn1::Asn1Time;
-        use openssl::ec::{EcGroup, EcKey};
         use openssl::hash::MessageDigest;
-        use openssl::nid::Nid;
         use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
         use openssl::x509::{X509NameBuilder, X509};
-        let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap();
-        let key = openssl::pkey::PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap();
         let mut name = X509NameBuilder::new().unwrap();
-        name.append_entry_by_text("CN", "lethe-client-test")
-            .unwrap();
+        name.append_entry_by_text("CN", cn).unwrap();
         let name = name.build();
         let mut b = X509::builder().unwrap();
         b.set_version(2).unwrap();
         b.set_subject_name(&name).unwrap();
-        b.set_issuer_name(&name).unwrap();
-        b.set_pubkey(&key).unwrap();
+        let (issuer_name, signer) = match issuer {
+            Some((cert, key)) => (cert.subject_name(), key),
+            None => (name.as_ref(), key),
+        };
+        b.set_issuer_name(issuer_name).unwrap();
+        b.set_pubkey(key).unwrap();
         b.set_not_before(&Asn1Time::days_from_now(0).unwrap())
             .unwrap();
         b.set_not_after(&Asn1Time::days_from_now(1).unwrap())
             .unwrap();
-        let san = SubjectAlternativeName::new()
-            .ip(ip)
-            .build(&b.x509v3_context(None, None))
-            .unwrap();
-        b.append_extension(san).unwrap();
-        b.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
-            .unwrap();
-        b.sign(&key, MessageDigest::sha256()).unwrap();
-        (key, b.build())
+        match ip {
+            Some(ip) => {
+                let san = SubjectAlternativeName::new()
+                    .ip(ip)
+                    .build(&b.x509v3_context(issuer.map(|(c, _)| c.as_ref()), None))
+                    .unwrap();
+                b.append_extension(san).unwrap();
+            }
+            None => b
+                .append_extension(BasicConstraints::new().critical().ca().build().unwrap())
+                .unwrap(),
+        }
+        b.sign(signer, MessageDigest::sha256()).unwrap();
+        b.build()
     }
 
-    /// A TLS server on 127.0.0.1 with a certificate for `ip`; the CA file a client trusts it by.
+    fn new_key() -> Key {
+        use openssl::ec::{EcGroup, EcKey};
+        let group = EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
+        openssl::pkey::PKey::from_ec_key(EcKey::generate(&group).unwrap()).unwrap()
+    }
+
+    /// A TLS server on 127.0.0.1 with a certificate for `ip` from a CA of its own; the CA file a
+    /// client trusts it by.
     fn tls_server(
         ip: &str,
     ) -> (
@@ -1005,7 +884,14 @@ mod tests {
         openssl::ssl::SslAcceptor,
         tempfile::NamedTempFile,
     ) {
-        let (key, cert) = self_signed(ip);
+        let (ca_key, key) = (new_key(), new_key());
+        let ca_cert = certificate("lethe-client-test CA", &ca_key, None, None);
+        let cert = certificate(
+            "lethe-client-test",
+            &key,
+            Some((&ca_cert, &ca_key)),
+            Some(ip),
+        );
         let mut a = openssl::ssl::SslAcceptor::mozilla_intermediate_v5(
             openssl::ssl::SslMethod::tls_server(),
         )
@@ -1013,7 +899,7 @@ mod tests {
         a.set_private_key(&key).unwrap();
         a.set_certificate(&cert).unwrap();
         let mut ca = tempfile::NamedTempFile::new().unwrap();
-        ca.write_all(&cert.to_pem().unwrap()).unwrap();
+        ca.write_all(&ca_cert.to_pem().unwrap()).unwrap();
         (TcpListener::bind("127.0.0.1:0").unwrap(), a.build(), ca)
     }
 
@@ -1047,16 +933,24 @@ mod tests {
         );
     }
 
-    /// A certificate the client does not trust, or one for another host, fails the handshake:
-    /// `Error::Tls`, no request sent, no fall-back to plain HTTP.
+    /// A certificate the client does not trust (no CA file: the Mozilla roots; another private
+    /// CA's file: that CA only), or one for another host, fails the handshake: `Error::Tls`, no
+    /// request sent, no fall-back to plain HTTP.
     #[test]
     fn https_refuses_an_untrusted_or_misnamed_certificate() {
-        for (cert_ip, trust) in [("127.0.0.1", false), ("127.0.0.2", true)] {
+        let (_, _, other_ca) = tls_server("127.0.0.1");
+        for (cert_ip, trust) in [
+            ("127.0.0.1", None),
+            ("127.0.0.1", Some(false)),
+            ("127.0.0.2", Some(true)),
+        ] {
             let (listener, acceptor, ca) = tls_server(cert_ip);
             let url = format!("https://{}", listener.local_addr().unwrap());
             let mut client = Client::new(url, "t");
-            if trust {
-                client = client.with_ca_file(ca.path()).unwrap();
+            match trust {
+                Some(true) => client = client.with_ca_file(ca.path()).unwrap(),
+                Some(false) => client = client.with_ca_file(other_ca.path()).unwrap(),
+                None => {}
             }
             let runner = std::thread::spawn(move || client.take_lease("acme", "alice", &[], 1000));
             let tcp = listener.accept().unwrap().0;
@@ -1065,7 +959,78 @@ mod tests {
                 "{cert_ip}: the handshake completed"
             );
             let got = runner.join().unwrap();
-            assert!(matches!(got, Err(Error::Tls(_))), "{cert_ip}: {got:?}");
+            assert!(
+                matches!(&got, Err(Error::Tls(m)) if m.contains("certificate")),
+                "{cert_ip} {trust:?}: {got:?}"
+            );
         }
+    }
+
+    /// An `https://` client facing a plain HTTP server sends its TLS hello, never the request,
+    /// and takes no plain answer: `Error::Tls`, not sent again.
+    #[test]
+    fn https_never_falls_back_to_plain_http() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let client = Client::new(url, "t");
+        let runner = std::thread::spawn(move || client.take_permit(7, Sink::Tool));
+        let mut one = listener.accept().unwrap().0;
+        let mut first = [0u8; 1];
+        one.read_exact(&mut first).unwrap();
+        assert_eq!(first[0], 0x16, "a TLS handshake record");
+        let plain = r#"{"permit_id": 1}"#;
+        write!(
+            one,
+            "HTTP/1.1 201 Created\r\nContent-Length: {}\r\n\r\n{plain}",
+            plain.len()
+        )
+        .unwrap();
+        let got = runner.join().unwrap();
+        assert!(matches!(got, Err(Error::Tls(_))), "{got:?}");
+        listener.set_nonblocking(true).unwrap();
+        assert!(listener.accept().is_err(), "sent again on a new connection");
+    }
+
+    /// A redirect is not followed (a POST sent again elsewhere, or to plain HTTP): the caller
+    /// sees it.
+    #[test]
+    fn a_redirect_is_reported_not_followed() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = Client::new(listener.local_addr().unwrap().to_string(), "t");
+        let elsewhere = format!("http://{}/v1/permits", listener.local_addr().unwrap());
+        let runner = std::thread::spawn(move || client.take_permit(7, Sink::Tool));
+        let mut one = BufReader::new(listener.accept().unwrap().0);
+        assert_eq!(read_request(&mut one).0, "POST /v1/permits HTTP/1.1");
+        write!(
+            one.get_mut(),
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: {elsewhere}\r\nContent-Length: 0\r\n\r\n"
+        )
+        .unwrap();
+        let got = runner.join().unwrap();
+        assert!(matches!(got, Err(Error::Protocol(_))), "{got:?}");
+        one.get_ref().set_nonblocking(true).unwrap();
+        let more = one.get_mut().read(&mut [0u8; 1]);
+        assert!(
+            matches!(more, Ok(0))
+                || matches!(&more, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "sent again: {more:?}"
+        );
+        listener.set_nonblocking(true).unwrap();
+        assert!(listener.accept().is_err(), "sent again on a new connection");
+    }
+
+    /// A CA file that is missing or holds no certificate is refused when the client is made.
+    #[test]
+    fn a_ca_file_without_a_certificate_is_refused() {
+        let empty = tempfile::NamedTempFile::new().unwrap();
+        let client = || Client::new("https://127.0.0.1:1", "t");
+        for path in [empty.path(), Path::new("/nonexistent/ca.pem")] {
+            let got = client().with_ca_file(path);
+            assert!(matches!(got, Err(Error::Tls(_))), "{got:?}");
+        }
+        // Plain HTTP has no use for it.
+        assert!(Client::new("127.0.0.1:1", "t")
+            .with_ca_file(empty.path())
+            .is_ok());
     }
 }

@@ -7,6 +7,8 @@
 //! - [`keys`]: the deployment key and the two keys derived from it.
 //! - [`certificate`]: the signed completion proof.
 //! - [`clock`]: the injected source of time.
+//! - [`gate`]: the gate's refusals, sinks, leases, permits and freezes, as plain data
+//!   (`lethe-gate` is their home and re-exports them).
 //! - [`redact`]: parser messages without the values they quote.
 //! - [`object`]: structs read from user input only as objects with named fields.
 //!
@@ -15,6 +17,7 @@
 pub mod basis;
 pub mod certificate;
 pub mod clock;
+pub mod gate;
 pub mod ident;
 pub mod keys;
 pub mod object;

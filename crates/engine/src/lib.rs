@@ -377,6 +377,18 @@ impl Engine {
         Ok(Arc::clone(self.gate.as_ref().expect("installed above")))
     }
 
+    /// The gate authority that governs this engine's journal: the in-process gate once
+    /// [`Engine::memory_gate`] installed it, the control store's otherwise.
+    pub fn gate_authority(&self) -> lethe_gate::Authority<'_> {
+        match &self.gate {
+            Some(g) => lethe_gate::Authority::Memory {
+                gate: g,
+                journal: &self.journal,
+            },
+            None => lethe_gate::Authority::journal(&self.journal),
+        }
+    }
+
     /// The targets.
     pub fn targets(&self) -> &[Target] {
         &self.targets

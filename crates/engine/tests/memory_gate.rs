@@ -8,7 +8,7 @@ use std::time::Duration;
 use lethe_core::clock::{Clock, ManualClock};
 use lethe_core::{Basis, Scope, Subject, Tenant};
 use lethe_engine::{Config, Engine, Request, RunOptions};
-use lethe_journal::gate::{GateError, Sink};
+use lethe_gate::{GateError, Sink};
 
 const CONFIG: &str = r#"
 [control]

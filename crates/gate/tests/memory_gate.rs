@@ -9,7 +9,7 @@ use std::time::Duration;
 use lethe_core::keys::DeploymentKey;
 use lethe_core::{Basis, MemoryId, Scope, Subject, Tenant, Version};
 use lethe_gate::MemoryGate;
-use lethe_journal::gate::{GateError, Sink};
+use lethe_gate::{GateError, Sink};
 use lethe_journal::jobs::NewJob;
 use lethe_journal::{Entry, Journal};
 use time::macros::datetime;
@@ -473,8 +473,8 @@ struct CutFreeze {
     j: Journal,
     g: MemoryGate,
     id: String,
-    lease: lethe_journal::gate::Lease,
-    held: lethe_journal::gate::Permit,
+    lease: lethe_gate::Lease,
+    held: lethe_gate::Permit,
 }
 
 fn freeze_cut_at_commit(deliver: bool) -> CutFreeze {

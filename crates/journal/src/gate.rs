@@ -1,4 +1,8 @@
-//! The gate: leases, permits and the freeze, each one transaction on the control store.
+//! The control store's gate: leases, permits and the freeze, each one transaction on the
+//! control store. The gate's types are `lethe_core::gate`'s, used from `lethe-gate`, which
+//! also holds the closed set of authorities (`lethe_gate::JournalGate` is this one's face) and
+//! the asynchronous PostgreSQL path of `lethe serve`. Here because the freeze commits in the
+//! same transaction as its journal entry.
 //!
 //! - A **lease** binds a run to the subject's and tenant's epochs at read time and to every
 //!   `(memory, version)` it read. Its TTL only reclaims ownership: an expired lease takes no new
@@ -11,6 +15,7 @@
 //!   drain, and journals `FenceClosed`, all in one transaction. From its commit on, no permit is
 //!   issued for the scope.
 
+use lethe_core::gate::{Freeze, GateError, GateState, Lease, Permit, Sink};
 use lethe_core::{MemoryId, Scope, Subject, Tenant, Version};
 use time::OffsetDateTime;
 
@@ -20,154 +25,21 @@ use crate::entry::Entry;
 use crate::jobs::{apply, load_job};
 use crate::{Journal, Result};
 
-/// Why the gate refused. Stable codes; no identifiers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum GateError {
-    /// A deletion job holds the subject's or tenant's fence closed.
-    #[error("fenced: an erasure of this scope is in progress")]
-    Fenced,
-    /// The lease was revoked by a freeze.
-    #[error("revoked: the lease was revoked by an erasure")]
-    Revoked,
-    /// The lease's epoch is older than the subject's or tenant's current epoch.
-    #[error("stale epoch: the lease read memory that has since been erased")]
-    StaleEpoch,
-    /// The lease read a memory version that was tombstoned.
-    #[error("tombstoned: the lease read a memory version that was erased")]
-    Tombstoned,
-    /// The lease's TTL passed.
-    #[error("expired: the lease's TTL passed; take a new lease")]
-    Expired,
-    /// No such lease.
-    #[error("no such lease")]
-    NoSuchLease,
-    /// No such permit, or it is no longer active.
-    #[error("no such active permit")]
-    NoSuchPermit,
-    /// A take's key names a permit of the lease that has ended, or was taken for another
-    /// sink: a key is one take's, never reused.
-    #[error("key used: this key named another take of the lease; use a new key for each take")]
-    KeyUsed,
-    /// The in-process gate's authority over the journal is gone (its PostgreSQL session was
-    /// closed): it could not hear of another process's fence, so it grants nothing.
-    #[error("unavailable: the in-process gate lost its authority over the journal (its PostgreSQL session was closed); restart the process")]
-    AuthorityLost,
-}
-
-impl GateError {
-    /// The refusal a gate function's negative result stands for on PostgreSQL (schema.rs):
-    /// `None` for a non-negative result, which is an id.
-    pub fn from_code(code: i64) -> Option<Self> {
-        match code {
-            -1 => Some(GateError::NoSuchLease),
-            -2 => Some(GateError::Revoked),
-            -3 => Some(GateError::Expired),
-            -4 => Some(GateError::StaleEpoch),
-            -5 => Some(GateError::Fenced),
-            -6 => Some(GateError::Tombstoned),
-            -7 => Some(GateError::KeyUsed),
-            c if c < 0 => Some(GateError::NoSuchLease),
-            _ => None,
-        }
-    }
-}
-
-/// The gate's statements on PostgreSQL: one call each of the functions in schema.rs. Public
-/// for `lethe serve`, which runs them on its own asynchronous connections.
-pub mod pg {
+/// The gate's statements on PostgreSQL: one call each of the functions in schema.rs, whose
+/// version fixes their signatures (`lethe_gate::pg` calls `lethe_gate_batch` and
+/// `lethe_take_lease` the same way, asynchronously).
+mod pg {
     /// `(lease_id BIGINT, sink TEXT, now_ms BIGINT, request_key TEXT or NULL) -> permit id or
     /// refusal code`: a batch of one.
-    pub const TAKE_PERMIT: &str =
+    pub(super) const TAKE_PERMIT: &str =
         "SELECT (lethe_gate_batch(ARRAY[$1::BIGINT], ARRAY[$2::TEXT], ARRAY[$4::TEXT], $3, '{}', '{}', '{}'))[1]";
-    /// `(lease_ids BIGINT[], sinks TEXT[], request_keys TEXT[] (NULL for none), now_ms BIGINT,
-    /// ended_permit_ids BIGINT[], states TEXT[], their request_keys TEXT[]) -> BIGINT[]`:
-    /// permits taken and ended in one transaction (`lethe serve` batches the requests that
-    /// arrive while its connection is busy): for each take in order its permit id or refusal
-    /// code, then for each end 1, or 0 if the permit was not active (or its key not given).
-    pub const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6, $7)";
-
     /// `(permit_id BIGINT, state TEXT 'released' | 'cancelled', request_key TEXT or NULL) -> 1,
     /// or 0 if not active, or keyed with another key`.
-    pub const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2, $3)";
+    pub(super) const END_PERMIT: &str = "SELECT lethe_end_permit($1, $2, $3)";
     /// `(tenant, subject, expires_ms BIGINT, reads JSON [[memory, version], ...])` ->
     /// `(lease_id, epoch, tenant_epoch)`, lease_id -5 when fenced.
-    pub const TAKE_LEASE: &str =
+    pub(super) const TAKE_LEASE: &str =
         "SELECT lease_id, epoch, tenant_epoch FROM lethe_take_lease($1, $2, $3, $4)";
-}
-
-/// Where a permit is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sink {
-    /// Emitting model output.
-    Output,
-    /// Dispatching a tool.
-    Tool,
-    /// Writing state.
-    State,
-}
-
-impl Sink {
-    /// The name stored and sent on the wire.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Sink::Output => "output",
-            Sink::Tool => "tool",
-            Sink::State => "state",
-        }
-    }
-}
-
-/// A granted lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lease {
-    /// Its id.
-    pub id: i64,
-    /// The subject's epoch it is bound to.
-    pub epoch: u64,
-    /// The tenant's epoch it is bound to.
-    pub tenant_epoch: u64,
-}
-
-/// A granted permit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Permit {
-    /// Its id.
-    pub id: i64,
-}
-
-/// The gate's durable state, for an in-memory authority to start from (see `lethe-gate`).
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct GateState {
-    /// `(tenant, subject, epoch)`; subject `""` is the tenant's own epoch.
-    pub epochs: Vec<(String, String, u64)>,
-    /// Open fences: `(job_id, tenant, subject)`; subject `""` fences the whole tenant.
-    pub fences: Vec<(String, String, String)>,
-    /// `(tenant, subject, memory_id, version)`.
-    pub tombstones: Vec<(String, String, String, String)>,
-}
-
-/// Counts only: every entry names a tenant and subject.
-impl std::fmt::Debug for GateState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GateState")
-            .field("epochs", &self.epochs.len())
-            .field("fences", &self.fences.len())
-            .field("tombstones", &self.tombstones.len())
-            .finish()
-    }
-}
-
-/// What a freeze did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Freeze {
-    /// Subject epoch after the freeze.
-    pub subject_epoch: Option<u64>,
-    /// Tenant epoch after the freeze.
-    pub tenant_epoch: Option<u64>,
-    /// Leases revoked.
-    pub revoked_leases: u64,
-    /// Active permits that must drain.
-    pub permits_to_drain: u64,
 }
 
 fn millis(t: OffsetDateTime) -> i64 {

@@ -5,8 +5,9 @@
 //! - [`Journal`] opens the store and is the only way to change it. Every change that matters
 //!   appends an [`Entry`] in the same transaction, so the chain and the state cannot disagree.
 //! - [`chain`]: appending and verifying the hash chain.
-//! - [`gate`]: leases, permits and the freeze. The freeze is one transaction: bump the epoch or
-//!   append the tombstone, close the fence, revoke the leases, journal it.
+//! - `gate.rs`: the control store's gate, as methods of [`Journal`]: leases, permits and the
+//!   freeze. The freeze is one transaction: bump the epoch or append the tombstone, close the
+//!   fence, revoke the leases, journal it. The gate's types and authorities are `lethe-gate`'s.
 //! - [`jobs`]: the job projection, driven by [`lethe_core::state::transition`], and claims.
 //!
 //! Two backends behind one API, with the logic written once (`db`): SQLite (the embedded
@@ -22,7 +23,7 @@
 pub mod chain;
 mod db;
 mod entry;
-pub mod gate;
+mod gate;
 pub mod holds;
 pub mod jobs;
 mod schema;
@@ -87,9 +88,9 @@ pub enum JournalError {
         "the journal's hash chain is broken ({0}): no job starts on a journal that does not verify"
     )]
     Broken(String),
-    /// A gate refusal; see [`gate::GateError`].
+    /// A gate refusal; see [`lethe_core::gate::GateError`].
     #[error(transparent)]
-    Gate(#[from] gate::GateError),
+    Gate(#[from] lethe_core::gate::GateError),
     /// Another process's in-process gate is this journal's authority ([`Journal::hold_gate_authority`]):
     /// a freeze here would close a fence that gate never hears of.
     #[error("another process's in-process gate (Engine::memory_gate) governs this control store: its leases and permits live in that process, which would not see this erasure's fence. Run the erasure through that process, or stop it first; nothing was touched")]

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lethe_core::gate::{GateError, Sink};
 use lethe_core::keys::DeploymentKey;
 use lethe_core::{Basis, BlockedReason, MemoryId, Scope, Subject, Tenant, Version};
-use lethe_journal::gate::{GateError, Sink};
 use lethe_journal::jobs::NewJob;
 use lethe_journal::{Entry, Journal, JournalError};
 use rusqlite::Connection;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lethe_core::{Basis, Scope, Subject, Tenant};
-use lethe_journal::gate::Sink;
+use lethe_gate::Sink;
 use lethe_journal::jobs::NewJob;
 use lethe_journal::Journal;
 use serde_json::json;

@@ -1,5 +1,7 @@
-//! The routes. Each gate handler authorizes, parses, then runs one control-store transaction
-//! on a blocking thread; nothing here holds gate state.
+//! The routes. Each gate handler authorizes, parses, then calls the gate: one control-store
+//! transaction on a blocking thread ([`lethe_gate::JournalGate`]), or on PostgreSQL, for
+//! leases, permits and releases, the asynchronous path ([`lethe_gate::pg`]). Nothing here
+//! holds gate state or SQL.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,8 +18,7 @@ use lethe_core::clock::Clock;
 use lethe_core::{Basis, JobState, MemoryId, Scope, Subject, Tenant, Version};
 use lethe_engine::config::Role;
 use lethe_engine::{Engine, EngineError, Request, RunOptions};
-use lethe_journal::gate::{GateError, Sink};
-use lethe_journal::Journal;
+use lethe_gate::{GateError, JournalGate, Sink};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -36,7 +37,7 @@ pub(crate) struct State {
     pub(crate) tokens: Arc<Vec<(String, Role)>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) hooks: crate::Hooks,
-    pub(crate) pg: Option<Arc<crate::pg::PgGate>>,
+    pub(crate) pg: Option<Arc<lethe_gate::pg::PgGate>>,
     pub(crate) watchers: Arc<Watchers>,
     pub(crate) stop: watch::Receiver<bool>,
     /// Set while the server's hold on the gate authority is lost
@@ -265,10 +266,10 @@ fn parse_query<T: serde::de::DeserializeOwned>(query: Option<&str>) -> Result<T,
 /// Runs a gate call on a pooled connection, off the async threads.
 async fn gate<T: Send + 'static>(
     state: &State,
-    f: impl FnOnce(&Journal) -> Result<T, lethe_journal::JournalError> + Send + 'static,
+    f: impl FnOnce(JournalGate<'_>) -> Result<T, lethe_journal::JournalError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let pool = Arc::clone(&state.pool);
-    tokio::task::spawn_blocking(move || pool.with(f))
+    tokio::task::spawn_blocking(move || pool.with(|j| f(JournalGate::new(j))))
         .await
         .map_err(|_| ApiError::unavailable())?
         .map_err(ApiError::from)
@@ -324,15 +325,7 @@ async fn take_lease(
     let now = state.clock.now();
     let expires_ms = (now.unix_timestamp_nanos() / 1_000_000) as i64 + ttl as i64;
     let lease = match &state.pg {
-        Some(pg) => {
-            let pairs: Vec<[&str; 2]> = reads
-                .iter()
-                .map(|(m, v)| [m.as_str(), v.as_str()])
-                .collect();
-            let json = serde_json::to_string(&pairs).map_err(|_| ApiError::unavailable())?;
-            pg.take_lease(tenant.as_str(), subject.as_str(), expires_ms, &json)
-                .await?
-        }
+        Some(pg) => pg.take_lease(&tenant, &subject, &reads, expires_ms).await?,
         None => {
             gate(&state, move |j| {
                 j.take_lease(now, &tenant, &subject, &reads, Duration::from_millis(ttl))
@@ -547,8 +540,8 @@ async fn end_permit(
         ));
     }
     match (&state.pg, end) {
-        (Some(pg), End::Released) => pg.end_permit(permit_id, "released", key).await?,
-        (Some(pg), End::Cancelled) => pg.end_permit(permit_id, "cancelled", key).await?,
+        (Some(pg), End::Released) => pg.release_permit(permit_id, key).await?,
+        (Some(pg), End::Cancelled) => pg.confirm_cancelled(permit_id, key).await?,
         (None, End::Released) => {
             gate(state, move |j| {
                 j.release_permit_keyed(permit_id, key.as_deref())

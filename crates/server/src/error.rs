@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use lethe_journal::gate::GateError;
+use lethe_gate::GateError;
 use lethe_journal::JournalError;
 
 /// An error answered to a client.
@@ -55,6 +55,15 @@ impl From<GateError> for ApiError {
             GateError::AuthorityLost => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         };
         Self::new(status, code, e.to_string())
+    }
+}
+
+impl From<lethe_gate::pg::Error> for ApiError {
+    fn from(e: lethe_gate::pg::Error) -> Self {
+        match e {
+            lethe_gate::pg::Error::Refused(g) => g.into(),
+            lethe_gate::pg::Error::Unavailable => Self::unavailable(),
+        }
     }
 }
 

@@ -4,9 +4,10 @@
 //! - Runtimes take a **lease** when they read memory, a **permit** at each acceptance point
 //!   (output, tool, state), release it when the boundary ends, and listen on the
 //!   **revocation stream** (server-sent events) to abort work when an erasure closes the fence.
-//! - Every gate call is a transaction on the control store ([`lethe_journal::Journal`]):
-//!   the in-process SQLite file of the embedded default, or the shared PostgreSQL, where the
-//!   permits taken and ended at the same time share one transaction (`pg.rs`). The server
+//! - Every gate call is a transaction on the control store, through `lethe-gate`
+//!   ([`lethe_gate::JournalGate`]): the in-process SQLite file of the embedded default, or the
+//!   shared PostgreSQL, where the permits taken and ended at the same time share one
+//!   transaction ([`lethe_gate::pg`]). The server holds no SQL of the gate and
 //!   keeps no gate state of its own, so several servers over one PostgreSQL journal are one gate,
 //!   and a restarted server has lost nothing.
 //! - Bearer tokens carry a role: `runtime` may use the gate, `operator` may also run jobs.
@@ -17,7 +18,6 @@
 mod api;
 mod conn;
 mod error;
-mod pg;
 mod pool;
 mod revocations;
 
@@ -102,7 +102,7 @@ pub async fn run(
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
     let pg = server
         .postgres
-        .map(|s| Arc::new(pg::PgGate::new(s, server.journals.len())));
+        .map(|s| Arc::new(lethe_gate::pg::PgGate::new(s, server.journals.len())));
     let state = api::State {
         pg,
         engine: Arc::new(pool::DropOffRuntime::new(server.engine)),
@@ -163,7 +163,11 @@ async fn sweep(
         }
         let (pool, now) = (Arc::clone(&pool), clock.now());
         // Bounded rounds: a backlog is worked off over several ticks, never in one long lock.
-        match tokio::task::spawn_blocking(move || pool.with(|j| j.sweep_gate(now, 50_000))).await {
+        match tokio::task::spawn_blocking(move || {
+            pool.with(|j| lethe_gate::JournalGate::new(j).sweep(now, 50_000))
+        })
+        .await
+        {
             Ok(Ok((permits, leases))) if permits + leases > 0 => {
                 tracing::info!(permits, leases, "Gate swept.");
             }

@@ -82,7 +82,10 @@ impl Watchers {
                 continue;
             }
             let j = Arc::clone(&journal);
-            let found = tokio::task::spawn_blocking(move || j.revoked_among(&ids)).await;
+            let found = tokio::task::spawn_blocking(move || {
+                lethe_gate::JournalGate::new(&j).revoked_among(&ids)
+            })
+            .await;
             match found {
                 Ok(Ok(revoked)) => {
                     if failing {

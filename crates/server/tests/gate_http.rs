@@ -1588,7 +1588,7 @@ fn a_permit_taken_without_a_key_ends_only_with_the_key_the_gate_named(b: Backend
         .take_lease(now, &acme, &bob, &[], Duration::from_secs(60))
         .unwrap();
     let inproc = journal
-        .take_permit(now, bobs.id, lethe_journal::gate::Sink::Tool)
+        .take_permit(now, bobs.id, lethe_gate::Sink::Tool)
         .unwrap();
     for key in [other_key.as_str(), held_key.as_str(), "run-1"] {
         let e = rt

@@ -45,10 +45,9 @@ impl Run<'_> {
         self.refuse_if_job_held(job)?;
         let version = self.resolve_version(&job.scope, self.version_at_request(job)?.as_ref())?;
         let at = self.now_rfc3339();
-        let f = match &self.gate {
-            Some(g) => g.freeze(&self.journal, &at, &job.job_id, version.as_ref())?,
-            None => self.journal.freeze(&at, &job.job_id, version.as_ref())?,
-        };
+        let f = self
+            .gate_authority()
+            .freeze(&at, &job.job_id, version.as_ref())?;
         tracing::info!(
             job = %job.job_id, scope_hash = %short(&job.scope_hash), revoked = f.revoked_leases,
             to_drain = f.permits_to_drain, "Fence closed."
@@ -64,8 +63,7 @@ impl Run<'_> {
     ) -> Result<u64, EngineError> {
         let deadline = self.clock.now() + self.opts.drain_timeout;
         loop {
-            let n =
-                self.journal.undrained(job)? + self.gate.as_ref().map_or(0, |g| g.undrained(job));
+            let n = self.gate_authority().undrained(job)?;
             if n == 0 || self.clock.now() >= deadline {
                 return Ok(n);
             }
@@ -440,9 +438,7 @@ impl Run<'_> {
             .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
         pause_point!(self, "before-certificate-file");
         self.write_certificate(&job.job_id, &signed)?;
-        if let Some(g) = &self.gate {
-            g.job_completed(&job.job_id);
-        }
+        self.gate_authority().job_completed(&job.job_id);
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), "Job complete; certificate issued.");
         Ok(Step::Next)
     }

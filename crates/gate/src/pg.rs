@@ -1,8 +1,10 @@
-//! The gate's hot calls on PostgreSQL, asynchronous: leases, permits, releases. Each runs the
-//! functions in the journal's schema.rs (which take the scope's advisory locks) on the server's
-//! own tokio-postgres connections, so a request never leaves the async threads. Measured: the
-//! blocking path (a pooled synchronous connection on a blocking thread) spent most of its time
-//! switching threads.
+//! The journal-backed gate's hot calls on PostgreSQL, asynchronous: leases, permits, releases,
+//! for `lethe serve`. Each runs the functions in the journal's schema.rs (which take the scope's
+//! advisory locks) on the caller's own tokio-postgres connections, so a request never leaves the
+//! async threads. Measured: the blocking path (a pooled synchronous connection on a blocking
+//! thread) spent most of its time switching threads. Not here: renewals, lease checks, sweeps
+//! and freezes, which run on the journal's blocking connections ([`crate::JournalGate`]), and
+//! anything of HTTP (the server maps [`Error`] to its answers).
 //!
 //! Permits taken and ended are **group-committed**: one worker task per lane (takes, ends), with
 //! its own connection, takes every request waiting in its queue and sends them in one call of `lethe_gate_batch`
@@ -27,11 +29,34 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use lethe_journal::gate::{pg, GateError, Lease, Permit, Sink};
+use lethe_core::{MemoryId, Subject, Tenant, Version};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::{Client, Statement};
 
-use crate::error::ApiError;
+use crate::{GateError, Lease, Permit, Sink};
+
+/// `(lease_ids BIGINT[], sinks TEXT[], request_keys TEXT[] (NULL for none), now_ms BIGINT,
+/// ended_permit_ids BIGINT[], states TEXT[], their request_keys TEXT[]) -> BIGINT[]`: permits
+/// taken and ended in one transaction: for each take in order its permit id or refusal code,
+/// then for each end 1, or 0 if the permit was not active (or its key not given). The schema's
+/// version fixes the signatures of the functions called here and in the journal's gate.rs.
+const GATE_BATCH: &str = "SELECT lethe_gate_batch($1, $2, $3, $4, $5, $6, $7)";
+/// `(tenant, subject, expires_ms BIGINT, reads JSON [[memory, version], ...])` ->
+/// `(lease_id, epoch, tenant_epoch)`, lease_id -5 when fenced.
+const TAKE_LEASE: &str =
+    "SELECT lease_id, epoch, tenant_epoch FROM lethe_take_lease($1, $2, $3, $4)";
+
+/// Why an asynchronous gate call got no answer from the gate's rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The gate refused.
+    #[error(transparent)]
+    Refused(#[from] GateError),
+    /// The control store did not answer, or answered out of form; the cause is logged here,
+    /// since its text can name a host or SQL.
+    #[error("the control store did not answer")]
+    Unavailable,
+}
 
 /// The most requests one call carries.
 const MAX_BATCH: usize = 128;
@@ -68,7 +93,7 @@ enum Lane {
 /// A gate request waiting for its batch, and where its answer goes.
 struct Waiting {
     op: Op,
-    reply: oneshot::Sender<Result<Answer, ApiError>>,
+    reply: oneshot::Sender<Result<Answer, Error>>,
 }
 
 /// A take's permit id (or an end's count of rows changed), and whether the permit a take
@@ -93,21 +118,22 @@ enum Op {
     },
 }
 
-/// Asynchronous connections to the PostgreSQL control store.
-pub(crate) struct PgGate {
+/// The journal-backed gate on PostgreSQL, asynchronous: its own connections to the control
+/// store and the two batch workers.
+pub struct PgGate {
     slots: Arc<Slots>,
     takes: mpsc::UnboundedSender<Waiting>,
     ends: mpsc::UnboundedSender<Waiting>,
 }
 
-fn failed(e: tokio_postgres::Error) -> ApiError {
-    // The store's message stays in the server's log.
+fn failed(e: tokio_postgres::Error) -> Error {
+    // The store's message stays in the log.
     tracing::error!(error = %lethe_postgres::describe(&e), "Control store failed during a gate request.");
-    ApiError::unavailable()
+    Error::Unavailable
 }
 
 impl Slots {
-    async fn conn(&self, slot: &Slot) -> Result<Arc<Conn>, ApiError> {
+    async fn conn(&self, slot: &Slot) -> Result<Arc<Conn>, Error> {
         let mut slot = slot.lock().await;
         if let Some(c) = slot.as_ref().filter(|c| !c.client.is_closed()) {
             return Ok(Arc::clone(c));
@@ -135,8 +161,8 @@ impl Slots {
             .await
             .map_err(failed)?;
         let c = Arc::new(Conn {
-            gate_batch: client.prepare(pg::GATE_BATCH).await.map_err(failed)?,
-            take_lease: client.prepare(pg::TAKE_LEASE).await.map_err(failed)?,
+            gate_batch: client.prepare(GATE_BATCH).await.map_err(failed)?,
+            take_lease: client.prepare(TAKE_LEASE).await.map_err(failed)?,
             client,
         });
         *slot = Some(Arc::clone(&c));
@@ -210,7 +236,7 @@ async fn batch_worker(slots: Arc<Slots>, lane: Lane, mut rx: mpsc::UnboundedRece
                     );
                 }
                 for w in takes.into_iter().chain(ends) {
-                    let _ = w.reply.send(Err(ApiError::unavailable()));
+                    let _ = w.reply.send(Err(Error::Unavailable));
                 }
             }
         }
@@ -223,7 +249,7 @@ async fn run_batch(
     lane: Lane,
     takes: &[Waiting],
     ends: &[Waiting],
-) -> Result<Vec<i64>, ApiError> {
+) -> Result<Vec<i64>, Error> {
     let (mut leases, mut sinks, mut keys, mut now) = (Vec::new(), Vec::new(), Vec::new(), 0);
     for w in takes {
         if let Op::Take {
@@ -285,7 +311,7 @@ async fn run_batch(
 impl PgGate {
     /// Must be called inside the server's runtime: it spawns the two batch workers, which end
     /// when the gate is dropped.
-    pub(crate) fn new(settings: lethe_postgres::Settings, connections: usize) -> Self {
+    pub fn new(settings: lethe_postgres::Settings, connections: usize) -> Self {
         let slots = Arc::new(Slots {
             settings,
             leases: (0..connections.max(1)).map(|_| Mutex::new(None)).collect(),
@@ -300,28 +326,28 @@ impl PgGate {
         Self { slots, takes, ends }
     }
 
-    async fn submit(&self, op: Op) -> Result<Answer, ApiError> {
+    async fn submit(&self, op: Op) -> Result<Answer, Error> {
         let (reply, answer) = oneshot::channel();
         match op {
             Op::Take { .. } => &self.takes,
             Op::End { .. } => &self.ends,
         }
         .send(Waiting { op, reply })
-        .map_err(|_| ApiError::unavailable())?;
-        answer.await.map_err(|_| ApiError::unavailable())?
+        .map_err(|_| Error::Unavailable)?;
+        answer.await.map_err(|_| Error::Unavailable)?
     }
 
     /// Takes a permit; `release`, if given, is released in the same transaction whatever the
     /// take's answer, and the answer says whether it was active until then. `key`: see
-    /// `Journal::take_permit_keyed`.
-    pub(crate) async fn take_permit(
+    /// [`crate::JournalGate::take_permit_keyed`].
+    pub async fn take_permit(
         &self,
         now_ms: i64,
         lease: i64,
         sink: Sink,
         release: Option<(i64, Option<String>)>,
         key: Option<String>,
-    ) -> Result<(Permit, Option<bool>), ApiError> {
+    ) -> Result<(Permit, Option<bool>), Error> {
         let (id, released) = self
             .submit(Op::Take {
                 lease,
@@ -334,24 +360,41 @@ impl PgGate {
         Ok((Permit { id }, released))
     }
 
-    /// `state`: "released" or "cancelled"; `key`: the one the permit's take carried.
-    pub(crate) async fn end_permit(
+    /// Releases a permit whose boundary ended; `key`: the one its take carried.
+    pub async fn release_permit(&self, permit: i64, key: Option<String>) -> Result<(), Error> {
+        self.end_permit(permit, "released", key).await
+    }
+
+    /// The permit's holder aborted the work it covered; `key`: the one its take carried.
+    pub async fn confirm_cancelled(&self, permit: i64, key: Option<String>) -> Result<(), Error> {
+        self.end_permit(permit, "cancelled", key).await
+    }
+
+    async fn end_permit(
         &self,
         permit: i64,
         state: &'static str,
         key: Option<String>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), Error> {
         self.submit(Op::End { permit, state, key }).await?;
         Ok(())
     }
 
-    pub(crate) async fn take_lease(
+    /// Takes a lease expiring at `expires_ms` (milliseconds since the epoch) for a run that read
+    /// `reads` of the subject's memory, as [`crate::JournalGate::take_lease`].
+    pub async fn take_lease(
         &self,
-        tenant: &str,
-        subject: &str,
+        tenant: &Tenant,
+        subject: &Subject,
+        reads: &[(MemoryId, Version)],
         expires_ms: i64,
-        reads_json: &str,
-    ) -> Result<Lease, ApiError> {
+    ) -> Result<Lease, Error> {
+        let pairs: Vec<[&str; 2]> = reads
+            .iter()
+            .map(|(m, v)| [m.as_str(), v.as_str()])
+            .collect();
+        let reads_json = serde_json::to_string(&pairs).map_err(|_| Error::Unavailable)?;
+        let (tenant, subject) = (tenant.as_str(), subject.as_str());
         let i = self.slots.next.fetch_add(1, Ordering::Relaxed) % self.slots.leases.len();
         let c = self.slots.conn(&self.slots.leases[i]).await?;
         let row = c
