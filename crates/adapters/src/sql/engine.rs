@@ -365,24 +365,11 @@ fn postgres_writes(v: &serde_json::Value, out: &mut Vec<(String, String)>) {
             let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or_default();
             match s("Node Type") {
                 "ModifyTable" => {
-                    let op = s("Operation").to_lowercase();
-                    out.push((
-                        op.clone(),
-                        format!("{}.{}", s("Schema"), s("Relation Name")),
-                    ));
-                    // An inheritance or partition tree: each table the plan writes in.
-                    for t in m
-                        .get("Target Tables")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                    {
-                        let t = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or_default();
-                        out.push((
-                            op.clone(),
-                            format!("{}.{}", t("Schema"), t("Relation Name")),
-                        ));
-                    }
+                    // The table the statement names. A partitioned or inherited table's plan
+                    // also lists its partitions ("Target Tables"): they are part of it (the
+                    // hidden-effects check covers its whole tree).
+                    let table = format!("{}.{}", s("Schema"), s("Relation Name"));
+                    out.push((s("Operation").to_lowercase(), table));
                 }
                 "LockRows" => out.push(("lock".into(), String::new())),
                 _ => {}

@@ -1,4 +1,4 @@
-//! The SQL engine facade the LangGraph adapters run on: one closed set of engines (SQLite
+//! The SQL engine facade the LangGraph adapters and the generic `sql` kind run on: one closed set of engines (SQLite
 //! through rusqlite, PostgreSQL through `postgres`), as Garage's `garage_db` wraps its stores.
 //!
 //! A [`Db`] names a database; a [`Session`] holds one connection to it for several statements;
