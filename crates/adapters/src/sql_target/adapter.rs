@@ -145,15 +145,16 @@ impl SqlTarget {
             .collect()
     }
 
-    /// Names the statement in an error the engine returned for it; a write refused by a
-    /// read-only transaction is the statement's fault, not the database's mode.
+    /// Names the statement in an error the engine returned for it; a read's write refused by
+    /// its read-only transaction is the statement's fault, not the database's mode.
     fn about(&self, key: &str, e: AdapterError) -> AdapterError {
         match e {
             AdapterError::Failed { target, why } => AdapterError::Failed {
                 target,
                 why: format!("`{key}`: {why}"),
             },
-            AdapterError::ReadOnly { target, why } => AdapterError::Failed {
+            // An erase refused by a read-only database stays `ReadOnly`: the operator's to fix.
+            AdapterError::ReadOnly { target, why } if key != "erase" => AdapterError::Failed {
                 target,
                 why: format!("`{key}` tried to write ({why}): it must only read"),
             },
