@@ -90,6 +90,22 @@ const KEYS: &[&str] = &[
     "keyword-index",
 ];
 
+/// A table of the application's own database can hold any copy an application keeps in rows;
+/// not a vendor's copy, a backup or a key, which live outside the table and go otherwise.
+const TABLE: &[&str] = &[
+    "primary",
+    "projection",
+    "summary",
+    "prompt-snapshot",
+    "vector-index",
+    "keyword-index",
+    "cache",
+    "queue",
+    "export",
+    "analytics",
+    "trace",
+];
+
 kinds! {
     /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
     LanggraphSqliteCheckpointer = "langgraph-sqlite-checkpointer", langgraph_sqlite_checkpointer, STATE;
@@ -103,6 +119,8 @@ kinds! {
     Redis = "redis", redis, KEYS;
     /// LangGraph's `RedisCache` node cache (`langgraph:cache:*`), with Lethe's subject index.
     LanggraphRedisCache = "langgraph-redis-cache", langgraph_redis_cache, &["cache"];
+    /// Any table in PostgreSQL or SQLite, through declared statements.
+    Sql = "sql", sql_target, TABLE;
 }
 
 impl std::fmt::Display for Kind {

@@ -3956,3 +3956,59 @@ fn declared_assets_without_a_target_are_listed_and_certified_as_not_covered() {
         assert_eq!(env.memory_bytes(), before);
     }
 }
+
+/// A generic `sql` target over an application's summaries table (SQLite): a `locate` that
+/// writes is refused at start (exit 2, naming the target), nothing touched; the declared
+/// statements then erase alice's summaries with the LangGraph targets, counted on the
+/// certificate, bob's rows kept byte for byte.
+#[test]
+fn a_sql_target_erases_declared_rows_and_refuses_a_statement_that_writes() {
+    let target = |locate: &str| {
+        format!(
+            "\n[[target]]\nname = \"summaries\"\nkind = \"sql\"\nclass = \"summary\"\npath = \"memory/summaries.db\"\ntable = \"summaries\"\nlocate = \"{locate}\"\nerase = \"DELETE FROM summaries WHERE id = :locator\"\nverify = \"SELECT count(*) FROM summaries WHERE tenant_id = :tenant AND user_id = :subject\"\n"
+        )
+    };
+    let good = "SELECT id, 1 FROM summaries WHERE tenant_id = :tenant AND user_id = :subject";
+    let writes = "WITH d AS (DELETE FROM summaries WHERE tenant_id = :tenant AND user_id = :subject RETURNING id) SELECT id, 1 FROM d";
+    let config = CONFIG.replace("BATCH", "500");
+    let env = Env::with_config(&(config.clone() + &target(writes)));
+    let db = env.path().join("memory/summaries.db");
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE summaries (id INTEGER PRIMARY KEY, tenant_id TEXT, user_id TEXT, body TEXT);
+         INSERT INTO summaries VALUES (1, 'acme', 'alice', 'alice likes tea'),
+             (2, 'acme', 'alice', 'alice moved'), (3, 'acme', 'bob', 'bob likes coffee'),
+             (4, 'acme', 'alice2', 'not alice');",
+    )
+    .unwrap();
+    let rows = |c: &rusqlite::Connection| -> Vec<String> {
+        let mut s = c
+            .prepare("SELECT quote(id) || quote(user_id) || quote(body) FROM summaries ORDER BY id")
+            .unwrap();
+        let r = s.query_map([], |r| r.get(0)).unwrap();
+        r.map(Result::unwrap).collect()
+    };
+    let before = rows(&conn);
+    let memory = env.memory_bytes();
+    let out = env.run(&ERASE_ALICE);
+    assert_eq!(code(&out), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    says(&out, "target summaries");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("alice"));
+    assert_eq!(rows(&conn), before, "nothing touched");
+    assert_eq!(env.memory_bytes(), memory, "nothing touched");
+
+    std::fs::write(env.path().join("lethe.toml"), config + &target(good)).unwrap();
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    assert_eq!(out["state"], "COMPLETE");
+    let line = &out["certificate"]["targets"]["summaries"];
+    assert_eq!(
+        (&line["status"], &line["count"]),
+        (&Value::from("DONE"), &Value::from(2)),
+        "{out}"
+    );
+    let left = rows(&conn);
+    assert_eq!(left, vec![before[2].clone(), before[3].clone()]);
+    let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
+    assert_eq!((c, &v["clean"]), (0, &Value::Bool(true)), "{v}");
+}

@@ -5,7 +5,7 @@ use postgres::types::ToSql;
 use rusqlite::types::Value;
 use rusqlite::Connection;
 
-use super::{Cell, Col, Param, Row, Stmt, CHUNK};
+use super::{Cell, Col, Param, Plan, Row, Stmt, CHUNK};
 use crate::postgres::Locked;
 use crate::AdapterError;
 
@@ -19,6 +19,8 @@ pub(super) enum Engine<'a> {
 #[derive(Clone, Copy)]
 pub(super) enum Batch {
     Begin,
+    /// A transaction that only reads (PostgreSQL refuses any write in it).
+    BeginRead,
     Commit,
 }
 
@@ -195,12 +197,14 @@ impl Engine<'_> {
             (Engine::Sqlite(target, conn), b) => conn
                 .execute_batch(match b {
                     Batch::Begin => "BEGIN IMMEDIATE",
+                    Batch::BeginRead => "BEGIN",
                     Batch::Commit => "COMMIT",
                 })
                 .map_err(Self::sqlite_err(target)),
             (Engine::Postgres(l), b) => l.run(|c| {
                 c.batch_execute(match b {
                     Batch::Begin => "BEGIN",
+                    Batch::BeginRead => "BEGIN READ ONLY",
                     Batch::Commit => "COMMIT",
                 })
             }),
@@ -274,4 +278,157 @@ impl Engine<'_> {
             }
         }
     }
+
+    pub(super) fn table_name(&mut self, name: &str) -> Result<Option<String>, AdapterError> {
+        match self {
+            Engine::Sqlite(target, conn) => {
+                use rusqlite::OptionalExtension;
+                conn.query_row(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?1 COLLATE NOCASE",
+                    [name],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(Self::sqlite_err(target))
+            }
+            Engine::Postgres(l) => {
+                let name = crate::postgres::quote_qualified(name);
+                l.run(|c| {
+                    Ok(c.query_opt(
+                        "SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c \
+                         JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)",
+                        &[&name],
+                    )?
+                    .map(|r| r.get(0)))
+                })
+            }
+        }
+    }
+
+    pub(super) fn plan(&mut self, stmt: &Stmt) -> Result<Plan, AdapterError> {
+        match self {
+            Engine::Sqlite(target, conn) => {
+                sqlite_plan(conn, &stmt.sql).map_err(Self::sqlite_err(target))
+            }
+            Engine::Postgres(l) => {
+                let target = l.conn().target().to_string();
+                let (columns, json) = l.run(|c| {
+                    let prepared = c.prepare(&stmt.sql)?;
+                    let nulls: Vec<Option<&str>> = vec![None; prepared.params().len()];
+                    let refs: Vec<&(dyn ToSql + Sync)> =
+                        nulls.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+                    c.batch_execute("BEGIN READ ONLY")?;
+                    let explained = c.query_one(
+                        format!("EXPLAIN (VERBOSE, FORMAT JSON) {}", stmt.sql).as_str(),
+                        &refs,
+                    );
+                    let rolled = c.batch_execute("ROLLBACK");
+                    let json: AnyText = explained?.get(0);
+                    rolled?;
+                    Ok((prepared.columns().len(), json.0))
+                })?;
+                let plan: serde_json::Value =
+                    serde_json::from_str(&json).map_err(|e| AdapterError::Failed {
+                        target,
+                        why: format!("PostgreSQL's plan did not read as JSON: {e}"),
+                    })?;
+                let mut writes = Vec::new();
+                postgres_writes(&plan, &mut writes);
+                Ok(Plan { columns, writes })
+            }
+        }
+    }
+}
+
+/// Any value as its text: EXPLAIN's `json` (whose binary form is its text).
+struct AnyText(String);
+
+impl<'a> postgres::types::FromSql<'a> for AnyText {
+    fn from_sql(
+        _: &postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(AnyText(String::from_utf8(raw.to_vec())?))
+    }
+
+    fn accepts(_: &postgres::types::Type) -> bool {
+        true
+    }
+}
+
+/// The writes and row locks in a PostgreSQL plan (`EXPLAIN (VERBOSE, FORMAT JSON)`), its
+/// subplans and CTEs included.
+fn postgres_writes(v: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let s = |k: &str| m.get(k).and_then(Value::as_str).unwrap_or_default();
+            match s("Node Type") {
+                "ModifyTable" => {
+                    // The table the statement names. A partitioned or inherited table's plan
+                    // also lists its partitions ("Target Tables"): they are part of it (the
+                    // hidden-effects check covers its whole tree).
+                    let table = format!("{}.{}", s("Schema"), s("Relation Name"));
+                    out.push((s("Operation").to_lowercase(), table));
+                }
+                "LockRows" => out.push(("lock".into(), String::new())),
+                _ => {}
+            }
+            for v in m.values() {
+                postgres_writes(v, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|v| postgres_writes(v, out)),
+        _ => {}
+    }
+}
+
+/// SQLite's own account of a statement: `sqlite3_stmt_readonly`, its columns, and from its
+/// bytecode (`EXPLAIN`) every b-tree it opens for writing or clears, each trigger program and
+/// virtual-table update. Nothing is run.
+fn sqlite_plan(conn: &Connection, sql: &str) -> rusqlite::Result<Plan> {
+    let prepared = conn.prepare(sql)?;
+    let (read_only, columns) = (prepared.readonly(), prepared.column_count());
+    drop(prepared);
+    let mut writes = Vec::new();
+    let mut pages = Vec::new();
+    let mut explain = conn.prepare(&format!("EXPLAIN {sql}"))?;
+    let nulls = vec![Value::Null; explain.parameter_count()];
+    let mut rows = explain.query(rusqlite::params_from_iter(nulls))?;
+    while let Some(r) = rows.next()? {
+        let (op, p1, p2, p3): (String, i64, i64, i64) =
+            (r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+        match op.as_str() {
+            // P2 the root page, P3 the database (0: main).
+            "OpenWrite" => pages.push((p2, p3)),
+            // P1 the root page, P2 the database.
+            "Clear" => pages.push((p1, p2)),
+            "VUpdate" => writes.push(("write".into(), "a virtual table".into())),
+            "Program" => writes.push(("trigger".into(), String::new())),
+            _ => {}
+        }
+    }
+    drop(rows);
+    for (page, db) in pages {
+        let table = if db == 0 {
+            use rusqlite::OptionalExtension;
+            conn.query_row(
+                "SELECT tbl_name FROM sqlite_master WHERE rootpage = ?1",
+                [page],
+                |r| r.get(0),
+            )
+            .optional()?
+            .unwrap_or_else(|| "a table outside the schema".into())
+        } else {
+            "a table of another database (temp or attached)".into()
+        };
+        writes.push(("write".into(), table));
+    }
+    if !read_only && writes.is_empty() {
+        writes.push((
+            "write".into(),
+            "something its bytecode does not name".into(),
+        ));
+    }
+    Ok(Plan { columns, writes })
 }

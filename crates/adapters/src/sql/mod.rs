@@ -1,4 +1,4 @@
-//! The SQL engine facade the LangGraph adapters run on: one closed set of engines (SQLite
+//! The SQL engine facade the LangGraph adapters and the generic `sql` kind run on: one closed set of engines (SQLite
 //! through rusqlite, PostgreSQL through `postgres`), as Garage's `garage_db` wraps its stores.
 //!
 //! A [`Db`] names a database; a [`Session`] holds one connection to it for several statements;
@@ -105,10 +105,32 @@ impl Row {
         }
     }
 
+    /// A `Col::Int` column as the engine returned it, sign included.
+    pub(crate) fn int(&self, i: usize) -> i64 {
+        match self.0[i] {
+            Cell::Int(n) => n,
+            _ => 0,
+        }
+    }
+
     /// A `Col::Bool` column.
     pub(crate) fn bool(&self, i: usize) -> bool {
         matches!(self.0[i], Cell::Bool(true))
     }
+}
+
+/// What the engine says a statement does, read from its plan without running it: what the
+/// generic `sql` kind checks its declared statements with at probe.
+#[derive(Debug, Default)]
+pub(crate) struct Plan {
+    /// Result columns.
+    pub(crate) columns: usize,
+    /// What the statement would change, as (what, table): `delete`, `insert`, `update` or
+    /// `merge` (PostgreSQL's plan), `lock` (PostgreSQL's row locks, table empty), `write`
+    /// (SQLite: a cursor that writes, a table cleared, a virtual table updated), `trigger`
+    /// (SQLite: a trigger program runs, table empty). The table as [`Session::table_name`]
+    /// names it, or a phrase for one outside the database's own tables. Empty: read-only.
+    pub(crate) writes: Vec<(String, String)>,
 }
 
 /// A database one target reads and erases in.
@@ -253,6 +275,31 @@ impl<'a> Session<'a> {
         own: &[(&str, &str)],
     ) -> Result<Option<String>, AdapterError> {
         self.0.hidden_effects(tables, own)
+    }
+
+    /// A configured table's own name as the engine's plans show it (`schema.name` on
+    /// PostgreSQL, the stored name on SQLite), if it exists.
+    pub(crate) fn table_name(&mut self, name: &str) -> Result<Option<String>, AdapterError> {
+        self.0.table_name(name)
+    }
+
+    /// What a statement would do, from its plan: checked in a read-only transaction on
+    /// PostgreSQL (parameters bound NULL), nothing run. Fails when the statement does not
+    /// parse.
+    pub(crate) fn plan(&mut self, stmt: &Stmt) -> Result<Plan, AdapterError> {
+        self.0.plan(stmt)
+    }
+
+    /// Runs `f` in a read-only transaction (PostgreSQL's `READ ONLY`: a statement that writes,
+    /// through a function it calls included, fails), then rolls it back.
+    pub(crate) fn read_only<T>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<T, AdapterError>,
+    ) -> Result<T, AdapterError> {
+        self.0.batch(engine::Batch::BeginRead)?;
+        let out = f(self);
+        self.0.rollback();
+        out
     }
 
     /// The columns of a table (a configured name), none if there is no such table.
