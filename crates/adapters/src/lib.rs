@@ -103,6 +103,8 @@ kinds! {
     Redis = "redis", redis, KEYS;
     /// LangGraph's `RedisCache` node cache (`langgraph:cache:*`), with Lethe's subject index.
     LanggraphRedisCache = "langgraph-redis-cache", langgraph_redis_cache, &["cache"];
+    /// A vendor's HTTP API, through request templates (locate, erase, status, get).
+    Http = "http", http, &["vendor", "export", "analytics", "trace"];
 }
 
 impl std::fmt::Display for Kind {
