@@ -260,7 +260,8 @@ struct Transport {
 /// A transport error in words, without the URL `ureq` may quote.
 fn shown(e: &ureq::Error) -> String {
     match e {
-        ureq::Error::Io(io) => format!("connection error ({:?})", io.kind()),
+        // The OS's and ureq's own words: neither holds the URL.
+        ureq::Error::Io(io) => format!("connection error: {io}"),
         ureq::Error::Timeout(t) => format!("timed out ({t:?})"),
         ureq::Error::HostNotFound => "host not found".into(),
         ureq::Error::ConnectionFailed => "connection failed".into(),
