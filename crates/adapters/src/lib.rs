@@ -121,6 +121,8 @@ kinds! {
     LanggraphRedisCache = "langgraph-redis-cache", langgraph_redis_cache, &["cache"];
     /// Any table in PostgreSQL or SQLite, through declared statements.
     Sql = "sql", sql_target, TABLE;
+    /// A vendor's HTTP API, through request templates (locate, erase, status, get).
+    Http = "http", http, &["vendor", "export", "analytics", "trace"];
 }
 
 impl std::fmt::Display for Kind {
