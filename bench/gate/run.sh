@@ -22,7 +22,8 @@
 # 32 clients, reported as http-postgres-c32), LETHE_PG15_URL (admin URL), LETHE_BIN (time
 # this lethe binary instead of building one, e.g. an older commit's, for a before/after),
 # ONLY_HTTP=1 (only the HTTP clients and the floor: a quicker before/after of the server),
-# CARGO_TARGET_DIR (where the builds go, as for cargo).
+# CARGO_TARGET_DIR (where the builds go, as for cargo), GATE_BENCH_DB (the database, default
+# lethe_gate_bench; dropped and created at the start, so two runs at once need two names).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
@@ -30,7 +31,8 @@ HTTP_CLIENTS=${HTTP_CLIENTS:-8}
 SECS=${SECS:-5}
 ADMIN=${LETHE_PG15_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 # Loopback: TLS would protect nothing here and costs the server and PostgreSQL ~8% CPU.
-PG="${ADMIN%/*}/lethe_gate_bench?sslmode=disable"
+DB=${GATE_BENCH_DB:-lethe_gate_bench}
+PG="${ADMIN%/*}/$DB?sslmode=disable"
 [ -n "${LETHE_BIN:-}" ] || cargo build --release --locked --quiet -p lethe-cli
 cargo build --release --locked --quiet -p lethe-server --example gate_bench
 TARGET=$(realpath -m "${CARGO_TARGET_DIR:-target}")
@@ -43,7 +45,7 @@ SERVER_PID=
 cleanup() { [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-psql "$ADMIN" -qc "DROP DATABASE IF EXISTS lethe_gate_bench WITH (FORCE)" -c "CREATE DATABASE lethe_gate_bench" >/dev/null
+psql "$ADMIN" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
 # `lethe serve` needs a target to start; the demo's fixtures serve (no job runs here).
 # shellcheck source=bench/lib/serve.sh
 . bench/lib/serve.sh
