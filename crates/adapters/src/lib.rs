@@ -90,6 +90,10 @@ const KEYS: &[&str] = &[
     "keyword-index",
 ];
 
+/// A vector database's collection: the index itself, or the memories an application keeps
+/// there as documents (its primary store, or copies and summaries of it).
+const VECTORS: &[&str] = &["vector-index", "primary", "projection", "summary"];
+
 kinds! {
     /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
     LanggraphSqliteCheckpointer = "langgraph-sqlite-checkpointer", langgraph_sqlite_checkpointer, STATE;
@@ -103,6 +107,8 @@ kinds! {
     Redis = "redis", redis, KEYS;
     /// LangGraph's `RedisCache` node cache (`langgraph:cache:*`), with Lethe's subject index.
     LanggraphRedisCache = "langgraph-redis-cache", langgraph_redis_cache, &["cache"];
+    /// A Chroma collection (REST API v2): documents, their metadata and their vectors.
+    Chroma = "chroma", chroma, VECTORS;
 }
 
 impl std::fmt::Display for Kind {
