@@ -236,41 +236,79 @@ impl Chroma {
     /// `get` with `include: []`: the ids only.
     fn get_ids(&self, cid: &str, mut body: Value) -> Result<Vec<String>, AdapterError> {
         body["include"] = json!([]);
+        Ok(self.get(cid, &body)?.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// `get`: each id with its metadata when `include` asks for it (`Null` otherwise).
+    fn get(&self, cid: &str, body: &Value) -> Result<Vec<(String, Value)>, AdapterError> {
         let url = format!("{}/collections/{cid}/get", self.db);
-        let v = self.call("get", &url, Some(&body))?;
+        let mut v = self.call("get", &url, Some(body))?;
         let ids = v
             .get("ids")
             .and_then(Value::as_array)
             .ok_or_else(|| self.failed("get: Chroma's answer has no ids"))?;
-        ids.iter()
+        let ids = ids
+            .iter()
             .map(|i| i.as_str().map(str::to_string))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| self.failed("get: an id in Chroma's answer is not a string"))
+            .ok_or_else(|| self.failed("get: an id in Chroma's answer is not a string"))?;
+        let metas = match v.get_mut("metadatas").map(Value::take) {
+            Some(Value::Array(m)) if m.len() == ids.len() => m,
+            _ => vec![Value::Null; ids.len()],
+        };
+        Ok(ids.into_iter().zip(metas).collect())
     }
 
-    /// Of `ids`, those that exist, and with `filter` those that also match it; by batches.
+    /// Whether a document's metadata carries the scope: each key's value a string equal, byte
+    /// for byte, to the scope's identifier.
+    fn carries(&self, meta: &Value, scope: &Scope) -> bool {
+        let is = |k: &str, want: &str| meta.get(k).and_then(Value::as_str) == Some(want);
+        let k = &self.keys;
+        match scope {
+            Scope::Tenant { tenant } => is(&k.tenant, tenant.as_str()),
+            Scope::Subject { tenant, subject } => {
+                is(&k.tenant, tenant.as_str()) && is(&k.subject, subject.as_str())
+            }
+            Scope::Memory {
+                tenant,
+                subject,
+                memory,
+                ..
+            } => {
+                is(&k.tenant, tenant.as_str())
+                    && is(&k.subject, subject.as_str())
+                    && k.memory.as_deref().is_none_or(|mk| is(mk, memory.as_str()))
+            }
+        }
+    }
+
+    /// Of `ids`, those that exist, and of those the ones whose metadata carries `scope`; by
+    /// batches of `get` by ids (Chroma's `get` by ids and `where` together is slow: it
+    /// evaluates the filter per id). Reads the ids' metadata, never their documents or vectors.
     fn existing(
         &self,
         cid: &str,
         ids: &[String],
-        filter: Option<&Value>,
-    ) -> Result<BTreeSet<String>, AdapterError> {
-        let mut out = BTreeSet::new();
+        scope: Option<&Scope>,
+    ) -> Result<(BTreeSet<String>, BTreeSet<String>), AdapterError> {
+        let (mut present, mut scoped) = (BTreeSet::new(), BTreeSet::new());
         for chunk in ids.chunks(self.batch) {
-            let mut body = json!({ "ids": chunk });
-            if let Some(f) = filter {
-                body["where"] = f.clone();
+            let include = if scope.is_some() { json!(["metadatas"]) } else { json!([]) };
+            for (id, meta) in self.get(cid, &json!({ "ids": chunk, "include": include }))? {
+                if scope.is_some_and(|s| self.carries(&meta, s)) {
+                    scoped.insert(id.clone());
+                }
+                present.insert(id);
             }
-            out.extend(self.get_ids(cid, body)?);
         }
-        Ok(out)
+        Ok((present, scoped))
     }
 
     /// Every id the scope's filter matches now, paged by `limit`/`offset`.
     fn matching(&self, cid: &str, scope: &Scope) -> Result<BTreeSet<String>, AdapterError> {
         let filter = self.filter(scope);
         if let Some(ids) = self.scope_ids(scope) {
-            return self.existing(cid, &ids, Some(&filter));
+            return Ok(self.existing(cid, &ids, Some(scope))?.1);
         }
         let mut out = BTreeSet::new();
         let mut offset = 0usize;
@@ -446,9 +484,7 @@ impl Adapter for Chroma {
             return Ok(0);
         }
         let cid = self.collection_id()?;
-        let filter = self.filter(scope);
-        let present = self.existing(&cid, &ids, None)?;
-        let scoped = self.existing(&cid, &ids, Some(&filter))?;
+        let (present, scoped) = self.existing(&cid, &ids, Some(scope))?;
         // An id of the batch that exists without the scope's metadata is another owner's
         // document: deleting the batch's ids would reach it. Nothing is deleted.
         within_inventory(&self.name, scoped.len() as u64, present.len() as u64)?;
@@ -459,11 +495,13 @@ impl Adapter for Chroma {
         let mut erased = 0u64;
         for chunk in scoped.chunks(self.batch) {
             let url = format!("{}/collections/{cid}/delete", self.db);
-            let v = self.call("delete", &url, Some(&json!({ "ids": chunk, "where": filter })))?;
+            // By the ids alone, each just read back with the scope's metadata: never by a
+            // filter, so the delete cannot reach beyond the frozen inventory.
+            let v = self.call("delete", &url, Some(&json!({ "ids": chunk })))?;
             erased += match v.get("deleted").and_then(Value::as_u64) {
                 Some(n) => n,
                 // An older server that does not say: what went, by reading the ids back.
-                None => (chunk.len() - self.existing(&cid, chunk, None)?.len()) as u64,
+                None => (chunk.len() - self.existing(&cid, chunk, None)?.0.len()) as u64,
             };
         }
         within_inventory(&self.name, expected, erased)?;
@@ -478,7 +516,7 @@ impl Adapter for Chroma {
         let cid = self.collection_id()?;
         let mut left = self.matching(&cid, scope)?;
         let ids = self.ids_of(frozen)?;
-        left.extend(self.existing(&cid, &ids, None)?);
+        left.extend(self.existing(&cid, &ids, None)?.0);
         Ok(left.len() as u64)
     }
 }
