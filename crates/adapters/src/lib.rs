@@ -105,6 +105,9 @@ const TABLE: &[&str] = &[
     "analytics",
     "trace",
 ];
+/// A vector database's collection: the index itself, or the memories an application keeps
+/// there as documents (its primary store, or copies and summaries of it).
+const VECTORS: &[&str] = &["vector-index", "primary", "projection", "summary"];
 
 kinds! {
     /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
@@ -123,6 +126,8 @@ kinds! {
     Sql = "sql", sql_target, TABLE;
     /// A vendor's HTTP API, through request templates (locate, erase, status, get).
     Http = "http", http, &["vendor", "export", "analytics", "trace"];
+    /// A Chroma collection (REST API v2): documents, their metadata and their vectors.
+    Chroma = "chroma", chroma, VECTORS;
 }
 
 impl std::fmt::Display for Kind {
