@@ -128,6 +128,8 @@ kinds! {
     Http = "http", http, &["vendor", "export", "analytics", "trace"];
     /// A Chroma collection (REST API v2): documents, their metadata and their vectors.
     Chroma = "chroma", chroma, VECTORS;
+    /// An Arize Phoenix project's traces (OpenInference spans), erased whole by trace id.
+    Phoenix = "phoenix", phoenix, &["trace"];
 }
 
 impl std::fmt::Display for Kind {
