@@ -24,7 +24,7 @@
 //! Locators are the vendor's ids as it gives them (a number as its decimal text).
 
 mod adapter;
-mod client;
+pub(crate) mod client;
 mod config;
 mod template;
 #[cfg(test)]
