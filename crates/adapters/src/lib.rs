@@ -109,6 +109,17 @@ const TABLE: &[&str] = &[
 /// there as documents (its primary store, or copies and summaries of it).
 const VECTORS: &[&str] = &["vector-index", "primary", "projection", "summary"];
 
+/// A search index: its keyword (full-text) and vector fields, often both in one index, over
+/// documents an application writes there (its memories themselves, or chunks and summaries of
+/// them).
+const SEARCH: &[&str] = &[
+    "keyword-index",
+    "vector-index",
+    "primary",
+    "projection",
+    "summary",
+];
+
 kinds! {
     /// LangGraph `SqliteSaver` tables: `checkpoints`, `writes`.
     LanggraphSqliteCheckpointer = "langgraph-sqlite-checkpointer", langgraph_sqlite_checkpointer, STATE;
@@ -130,6 +141,8 @@ kinds! {
     Chroma = "chroma", chroma, VECTORS;
     /// An Arize Phoenix project's traces (OpenInference spans), erased whole by trace id.
     Phoenix = "phoenix", phoenix, &["trace"];
+    /// An Azure AI Search index (REST API): documents found by OData filter, deleted by key.
+    AzureAiSearch = "azure-ai-search", azure_ai_search, SEARCH;
 }
 
 impl std::fmt::Display for Kind {
