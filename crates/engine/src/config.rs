@@ -254,6 +254,53 @@ fn check_files(
     Ok(())
 }
 
+/// Validates the `[[asset]]` tables; `names` holds the targets' names, and gets the assets'.
+fn parse_assets(
+    raw: Vec<Object<RawAsset>>,
+    names: &mut BTreeSet<String>,
+) -> Result<Vec<Asset>, String> {
+    let mut assets = Vec::new();
+    for (i, Object(a)) in raw.into_iter().enumerate() {
+        if a.name.is_empty()
+            || a.name
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace() || lethe_core::ident::is_invisible(c))
+        {
+            return Err(format!(
+                "asset #{}: name must be non-empty, without spaces, control or invisible \
+                 characters",
+                i + 1
+            ));
+        }
+        if !names.insert(a.name.clone()) {
+            return Err(format!(
+                "asset '{}': a target or another asset has that name",
+                a.name
+            ));
+        }
+        if !lethe_adapters::registry::CLASSES.contains(&a.class.as_str()) {
+            return Err(format!(
+                "asset '{}': unknown class; known: {}",
+                a.name,
+                lethe_adapters::registry::CLASSES.join(", ")
+            ));
+        }
+        if a.exempt.trim().is_empty() || a.exempt.chars().any(char::is_control) {
+            return Err(format!(
+                "asset '{}': `exempt` must say why, on one line: it is written on every \
+                 certificate (and so must name no person)",
+                a.name
+            ));
+        }
+        assets.push(Asset {
+            name: a.name,
+            class: a.class,
+            exempt: a.exempt,
+        });
+    }
+    Ok(assets)
+}
+
 impl Config {
     /// Reads and validates a config file. Touches no store.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -325,45 +372,7 @@ impl Config {
                 "no [[target]]: register at least one store to erase".into(),
             ));
         }
-        let mut assets = Vec::new();
-        for (i, Object(a)) in raw.asset.into_iter().enumerate() {
-            if a.name.is_empty()
-                || a.name.chars().any(|c| {
-                    c.is_control() || c.is_whitespace() || lethe_core::ident::is_invisible(c)
-                })
-            {
-                return Err(invalid(format!(
-                    "asset #{}: name must be non-empty, without spaces, control or invisible \
-                     characters",
-                    i + 1
-                )));
-            }
-            if !names.insert(a.name.clone()) {
-                return Err(invalid(format!(
-                    "asset '{}': a target or another asset has that name",
-                    a.name
-                )));
-            }
-            if !lethe_adapters::registry::CLASSES.contains(&a.class.as_str()) {
-                return Err(invalid(format!(
-                    "asset '{}': unknown class; known: {}",
-                    a.name,
-                    lethe_adapters::registry::CLASSES.join(", ")
-                )));
-            }
-            if a.exempt.trim().is_empty() || a.exempt.chars().any(char::is_control) {
-                return Err(invalid(format!(
-                    "asset '{}': `exempt` must say why, on one line: it is written on every \
-                     certificate (and so must name no person)",
-                    a.name
-                )));
-            }
-            assets.push(Asset {
-                name: a.name,
-                class: a.class,
-                exempt: a.exempt,
-            });
-        }
+        let assets = parse_assets(raw.asset, &mut names).map_err(invalid)?;
         let policy_version = c.policy_version.unwrap_or_else(|| "1".into());
         if policy_version.trim().is_empty() || policy_version.chars().any(char::is_control) {
             return Err(invalid(

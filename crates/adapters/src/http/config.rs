@@ -172,42 +172,8 @@ impl Config {
     pub fn parse(table: toml::Table, base_dir: &Path) -> Result<Self, String> {
         let raw: Raw = parse_table(table)?;
         let (origin, base_path) = base(&raw.base_url)?;
-        let token = match &raw.token_file {
-            None => None,
-            Some(p) => {
-                let p = resolve(base_dir, p);
-                let t = lethe_postgres::read_password_file(&p)
-                    .map_err(|e| format!("token_file {}: {e}", p.display()))?;
-                if !t.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(format!(
-                        "token_file {}: the token must be visible ASCII on one line",
-                        p.display()
-                    ));
-                }
-                Some(t)
-            }
-        };
-        let mut headers = Vec::new();
-        for (k, v) in raw.headers.unwrap_or_default() {
-            let name = ureq::http::HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| "`headers`: a name is not an HTTP header name".to_string())?;
-            if matches!(
-                name.as_str(),
-                "authorization" | "idempotency-key" | "content-type" | "content-length" | "host"
-            ) {
-                return Err(format!(
-                    "`headers.{name}`: Lethe sets this header itself (the token comes from `token_file`)"
-                ));
-            }
-            if v.contains(['{', '}']) {
-                return Err(format!(
-                    "`headers.{name}`: a header holds no placeholder: identifiers go only in a template's path segments, query values or body"
-                ));
-            }
-            let value = ureq::http::HeaderValue::from_str(&v)
-                .map_err(|_| format!("`headers.{name}`: not a valid header value"))?;
-            headers.push((name, value));
-        }
+        let token = read_token(raw.token_file.as_deref(), base_dir)?;
+        let headers = parse_headers(raw.headers.unwrap_or_default())?;
         let pacing = Pacing {
             timeout: ms("timeout_ms", raw.timeout_ms, 10_000, 1, 600_000)?,
             retries: match raw.retries.unwrap_or(4) {
@@ -292,30 +258,7 @@ impl Config {
                 return Err("a `locate` request must not be a DELETE".into());
             }
         }
-        let status = raw
-            .status
-            .map(|s| {
-                let s = s.into_inner();
-                Ok::<_, String>(Status {
-                    url: s.url.map(|u| pointer("status.url", &u)).transpose()?,
-                    done: pointer("status.done", &s.done)?,
-                    done_value: s.done_value,
-                    failed_value: s.failed_value,
-                    deleted: s
-                        .deleted
-                        .map(|d| pointer("status.deleted", &d))
-                        .transpose()?,
-                    poll: ms("status.poll_ms", s.poll_ms, 1_000, 1, 600_000)?,
-                    timeout: ms(
-                        "status.poll_timeout_ms",
-                        s.poll_timeout_ms,
-                        60_000,
-                        1,
-                        3_600_000,
-                    )?,
-                })
-            })
-            .transpose()?;
+        let status = raw.status.map(|s| parse_status(s.into_inner())).transpose()?;
         let batch_size = raw.batch_size.unwrap_or(100);
         if !(1..=100_000).contains(&batch_size) {
             return Err("`batch_size` must be between 1 and 100000".into());
@@ -365,6 +308,73 @@ fn raw_place(t: &Template) -> String {
         locator: Some("{locator}"),
     };
     t.render(&v).map(|r| r.target).unwrap_or_default()
+}
+
+/// The bearer token from `token_file`, if one is given: visible ASCII on one line.
+fn read_token(token_file: Option<&Path>, base_dir: &Path) -> Result<Option<String>, String> {
+    let Some(p) = token_file else {
+        return Ok(None);
+    };
+    let p = resolve(base_dir, p);
+    let t = lethe_postgres::read_password_file(&p)
+        .map_err(|e| format!("token_file {}: {e}", p.display()))?;
+    if !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "token_file {}: the token must be visible ASCII on one line",
+            p.display()
+        ));
+    }
+    Ok(Some(t))
+}
+
+/// The literal `headers`: no header Lethe sets itself, no placeholder.
+fn parse_headers(
+    raw: BTreeMap<String, String>,
+) -> Result<Vec<(ureq::http::HeaderName, ureq::http::HeaderValue)>, String> {
+    let mut headers = Vec::new();
+    for (k, v) in raw {
+        let name = ureq::http::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|_| "`headers`: a name is not an HTTP header name".to_string())?;
+        if matches!(
+            name.as_str(),
+            "authorization" | "idempotency-key" | "content-type" | "content-length" | "host"
+        ) {
+            return Err(format!(
+                "`headers.{name}`: Lethe sets this header itself (the token comes from `token_file`)"
+            ));
+        }
+        if v.contains(['{', '}']) {
+            return Err(format!(
+                "`headers.{name}`: a header holds no placeholder: identifiers go only in a template's path segments, query values or body"
+            ));
+        }
+        let value = ureq::http::HeaderValue::from_str(&v)
+            .map_err(|_| format!("`headers.{name}`: not a valid header value"))?;
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+/// The `[target.status]` table: how an accepted (202) erase is polled.
+fn parse_status(s: RawStatus) -> Result<Status, String> {
+    Ok(Status {
+        url: s.url.map(|u| pointer("status.url", &u)).transpose()?,
+        done: pointer("status.done", &s.done)?,
+        done_value: s.done_value,
+        failed_value: s.failed_value,
+        deleted: s
+            .deleted
+            .map(|d| pointer("status.deleted", &d))
+            .transpose()?,
+        poll: ms("status.poll_ms", s.poll_ms, 1_000, 1, 600_000)?,
+        timeout: ms(
+            "status.poll_timeout_ms",
+            s.poll_timeout_ms,
+            60_000,
+            1,
+            3_600_000,
+        )?,
+    })
 }
 
 #[cfg(test)]
