@@ -58,6 +58,71 @@ pub struct TargetRecord {
     /// subject, which the target's `legacy` setting allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub legacy: Option<LegacyRecord>,
+    /// What the store's own files (the target's `path`) still held of the erased data when the
+    /// certificate was issued: present only for a target whose kind has such a check and which
+    /// is given its files. The logical outcome (`status`) does not wait for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical: Option<PhysicalRecord>,
+}
+
+/// A physical check's outcome.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PhysicalStatus {
+    /// The files hold nothing of what was erased.
+    Clean,
+    /// The files still hold some of it, until the store's `remedy` runs.
+    Pending,
+    /// The check could not run (its files unreadable, not the store's): `reason` says why.
+    Unchecked,
+}
+
+/// What a target's own files still held of the erased data, counts and words only.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhysicalRecord {
+    /// `CLEAN`, `PENDING` or `UNCHECKED`.
+    pub status: PhysicalStatus,
+    /// How much the files still hold, as the adapter kind counts it (0: `CLEAN`); absent when
+    /// `UNCHECKED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residue: Option<u64>,
+    /// For `PENDING`: what the store offers against it, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remedy: Option<String>,
+    /// For `UNCHECKED`: why the check did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the files were read (RFC 3339, UTC).
+    pub checked_at: String,
+}
+
+impl PhysicalRecord {
+    /// A check that ran and found `residue`: `CLEAN` at 0, else `PENDING` with the remedy.
+    pub fn found(residue: u64, remedy: &str, checked_at: String) -> Self {
+        Self {
+            status: if residue == 0 {
+                PhysicalStatus::Clean
+            } else {
+                PhysicalStatus::Pending
+            },
+            residue: Some(residue),
+            remedy: (residue > 0).then(|| remedy.to_string()),
+            reason: None,
+            checked_at,
+        }
+    }
+
+    /// A check that could not run, and why (a message that names no identifier).
+    pub fn unchecked(reason: String, checked_at: String) -> Self {
+        Self {
+            status: PhysicalStatus::Unchecked,
+            residue: None,
+            remedy: None,
+            reason: Some(reason),
+            checked_at,
+        }
+    }
 }
 
 /// A declared store no target erases.
@@ -172,7 +237,7 @@ pub fn key_name(k: &VerifyingKey) -> String {
 
 /// The keys a certificate has (its own and its target lines'), the only ones a message about
 /// its shape may name.
-const CERTIFICATE_KEYS: [&str; 26] = [
+const CERTIFICATE_KEYS: [&str; 30] = [
     "format",
     "job_id",
     "scope",
@@ -199,6 +264,10 @@ const CERTIFICATE_KEYS: [&str; 26] = [
     "legacy",
     "policy",
     "exempt_assets",
+    "physical",
+    "residue",
+    "remedy",
+    "checked_at",
 ];
 
 /// Refuses a document in which an object names a key twice. A JSON parser keeps one of the
@@ -356,6 +425,7 @@ mod tests {
                 reason: None,
                 expires: None,
                 legacy: None,
+                physical: None,
             },
         );
         Certificate {
