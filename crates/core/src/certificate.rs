@@ -549,6 +549,69 @@ mod tests {
         assert!(e.contains(&key_name(&trusted)), "{e}");
     }
 
+    /// A target line without a physical check has the keys it always had (old certificates stay
+    /// byte-identical); one with it carries `physical`, signed and verified like the rest.
+    #[test]
+    fn the_physical_line_is_optional_and_signed() {
+        let key = DeploymentKey::from_bytes([3; 32]);
+        let doc = sample().sign(&key);
+        let mut keys: Vec<_> = doc["targets"]["memories"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "adapter",
+                "adapter_version",
+                "class",
+                "count",
+                "error_codes",
+                "status"
+            ]
+        );
+        let mut c = sample();
+        let at = "2026-12-02T10:00:05Z".to_string();
+        c.targets.get_mut("memories").unwrap().physical = Some(PhysicalRecord::found(
+            6,
+            "run the store's remedy",
+            at.clone(),
+        ));
+        let mut clean = c.targets["memories"].clone();
+        clean.physical = Some(PhysicalRecord::found(0, "unused", at.clone()));
+        c.targets.insert("clean".into(), clean);
+        let mut unchecked = c.targets["memories"].clone();
+        unchecked.physical = Some(PhysicalRecord::unchecked("unreadable".into(), at));
+        c.targets.insert("unchecked".into(), unchecked);
+        let doc = c.clone().sign(&key);
+        assert_eq!(
+            doc["targets"]["memories"]["physical"],
+            serde_json::json!({"status": "PENDING", "residue": 6, "remedy": "run the store's remedy", "checked_at": "2026-12-02T10:00:05Z"})
+        );
+        assert_eq!(
+            doc["targets"]["clean"]["physical"],
+            serde_json::json!({"status": "CLEAN", "residue": 0, "checked_at": "2026-12-02T10:00:05Z"})
+        );
+        assert_eq!(
+            doc["targets"]["unchecked"]["physical"],
+            serde_json::json!({"status": "UNCHECKED", "reason": "unreadable", "checked_at": "2026-12-02T10:00:05Z"})
+        );
+        let back = Certificate::verify(&doc, &key.verifying_key()).unwrap();
+        assert_eq!(back.targets, c.targets);
+        let mut edited = doc.clone();
+        edited["targets"]["memories"]["physical"]["status"] = "CLEAN".into();
+        assert!(matches!(
+            Certificate::verify(&edited, &key.verifying_key()),
+            Err(CertificateError::BadSignature)
+        ));
+        let e = refuse_duplicate_keys(r#"{"residue": 1, "residue": 2}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`residue` appears twice"), "{e}");
+    }
+
     #[test]
     fn canonical_json_sorts_nested_keys() {
         let v: Value = serde_json::from_str(r#"{"b":{"d":1,"c":2},"a":[{"z":1,"y":2}]}"#).unwrap();

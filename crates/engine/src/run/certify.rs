@@ -103,7 +103,7 @@ impl Engine {
         self.refuse_if_targets_missing(job_id)?;
         let scope = Engine::frozen_scope(&job);
         let inventoried = self.journal.job_targets(job_id)?;
-        let mut out = Vec::new();
+        let (mut out, mut dropped) = (Vec::new(), Vec::new());
         for t in self
             .targets
             .iter()
@@ -112,7 +112,15 @@ impl Engine {
             if let Applicability::Exempt(_) = t.adapter.check_scope(&scope).map_err(input)? {
                 continue;
             }
-            let (_, frozen) = self.journal.inventory(job_id, &t.name)?.unwrap_or_default();
+            let (count, frozen) = self.journal.inventory(job_id, &t.name)?.unwrap_or_default();
+            if count > 0 && frozen.is_empty() {
+                // Completion dropped the locators (Lethe keeps no identifier past it): with
+                // nothing to look for, the check would say CLEAN whatever the files hold.
+                if t.adapter.physical(&[]).map_err(target_error)?.is_some() {
+                    dropped.push(t.name.clone());
+                }
+                continue;
+            }
             let checked_at = self.now_rfc3339();
             if let Some(p) = t.adapter.physical(&frozen).map_err(target_error)? {
                 out.push((
@@ -120,6 +128,15 @@ impl Engine {
                     PhysicalRecord::found(p.residue, p.remedy, checked_at),
                 ));
             }
+        }
+        if !dropped.is_empty() {
+            return Err(input(format!(
+                "job {job_id}'s erased ids on target(s) {} are no longer kept (completion drops \
+                 the inventory's locators, and no per-document digest is kept yet), so their \
+                 files cannot be looked in again without reporting a false CLEAN; the \
+                 certificate's `physical` line holds the check made at completion",
+                dropped.join(", ")
+            )));
         }
         Ok(out)
     }
