@@ -108,7 +108,9 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
         /// COMPLETE job --job erased, and print per target what they still hold and the store's
         /// remedy. Changes nothing and signs nothing: the job's certificate is already signed
         /// and keeps the check made when it was issued; this prints today's. Targets without
-        /// `path`, or of a kind without such a check, are left out.
+        /// `path`, or of a kind without such a check, are left out. A target that erased
+        /// something is refused for now (exit 2): completion drops the job's erased ids and no
+        /// per-document digest is kept, so there would be nothing to look for.
         #[arg(long, requires = "job")]
         physical: bool,
         /// The COMPLETE job whose frozen inventories --physical looks for (`del-` and hex, as
