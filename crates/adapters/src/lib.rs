@@ -213,6 +213,18 @@ pub struct Settlement {
     pub legacy: Option<(&'static str, u64)>,
 }
 
+/// What a target's own files (its `path`) still hold of what its erase removed through the
+/// store's API: a count, and what the store offers against it. Never an identifier or content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Physical {
+    /// How much of the erased data the files still hold, counted as the kind counts it (Chroma:
+    /// rows of `chroma.sqlite3` that name an erased document; Phoenix: occurrences of an erased
+    /// trace id's bytes in `phoenix.db` and its `-wal`). 0: nothing found.
+    pub residue: u64,
+    /// What the store itself offers against what is left, in words.
+    pub remedy: &'static str,
+}
+
 /// An opaque locator and the number of rows it accounts for.
 pub type Locator = (String, u64);
 
@@ -414,6 +426,14 @@ pub trait Adapter: Send + Sync {
     /// entries. Pure: no store is read.
     fn settlement(&self, _frozen: &[(String, u64)]) -> Settlement {
         Settlement::default()
+    }
+
+    /// Looks in the store's own files (the target's `path`), read-only, for what the frozen
+    /// locators name and the erase removed through the API: the physical residue, which the
+    /// certificate reports beside the logical erase and `lethe verify --physical` re-checks.
+    /// `None`: this kind has no such check, or the target has no `path`. Never writes.
+    fn physical(&self, _frozen: &[Locator]) -> Result<Option<Physical>, AdapterError> {
+        Ok(None)
     }
 
     /// The store's database guard, where its kind has one (LangGraph on PostgreSQL): the sink

@@ -86,10 +86,15 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
 4 held, 2 bad input (nothing touched).")]
     Erase(EraseArgs),
     /// Count what is left for a scope in every target, hidden rows included (expired items,
-    /// orphaned vectors). Exit 1 if anything is left.
-    #[command(after_help = "Examples:
+    /// orphaned vectors). Exit 1 if anything is left. With --physical --job: look again in the
+    /// store's own files for what a COMPLETE job erased.
+    #[command(
+        after_help = "Examples:
   lethe verify --tenant acme --subject u-42    # exit 0 clean, 1 residue
-  lethe verify --tenant acme --subject u-42 --audit --json")]
+  lethe verify --tenant acme --subject u-42 --audit --json
+  lethe verify --physical --job del-3f2a9c     # exit 0 clean, 1 the files still hold some",
+        mut_arg("tenant", |a| a.required_unless_present_any(["scope_file", "job"]))
+    )]
     Verify {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -98,7 +103,28 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
         /// index or the frozen list never held (slower: it walks every key).
         #[arg(long)]
         audit: bool,
-        /// Print JSON: {"clean", "targets": {NAME: {"residue"}}}.
+        /// Instead of asking each store's API, read each target's own files (its `path`:
+        /// Chroma's chroma.sqlite3, Phoenix's phoenix.db and -wal), read-only, for what the
+        /// COMPLETE job --job erased, and print per target what they still hold and the store's
+        /// remedy. Changes nothing and signs nothing: the job's certificate is already signed
+        /// and keeps the check made when it was issued; this prints today's. Targets without
+        /// `path`, or of a kind without such a check, are left out. A target that erased
+        /// something is refused for now (exit 2): completion drops the job's erased ids and no
+        /// per-document digest is kept, so there would be nothing to look for.
+        #[arg(long, requires = "job")]
+        physical: bool,
+        /// The COMPLETE job whose frozen inventories --physical looks for (`del-` and hex, as
+        /// `lethe jobs` lists it).
+        #[arg(
+            long,
+            value_name = "JOB_ID",
+            value_parser = job_id,
+            requires = "physical",
+            conflicts_with_all = ["tenant", "subject", "memory", "version", "scope_file", "audit"]
+        )]
+        job: Option<String>,
+        /// Print JSON: {"clean", "targets": {NAME: {"residue"}}}; with --physical: {"job_id",
+        /// "clean", "targets": {NAME: {"status", "residue", "remedy", "checked_at"}}}.
         #[arg(long)]
         json: bool,
     },

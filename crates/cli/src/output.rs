@@ -165,6 +165,7 @@ pub fn certificate_markdown(c: &Value) -> String {
             ));
         }
     }
+    physical_markdown(c, &mut out);
     if let Some(assets) = c["exempt_assets"].as_object().filter(|a| !a.is_empty()) {
         out.push_str(
             "\n## Not covered\n\nThe deployment declared these stores and no target erases them, \
@@ -185,4 +186,45 @@ pub fn certificate_markdown(c: &Value) -> String {
         s("signed_by")
     ));
     out
+}
+
+/// The certificate's `physical` lines, in words: for each target whose own files were read,
+/// whether they still held erased data when it was issued, and the store's remedy.
+fn physical_markdown(c: &Value, out: &mut String) {
+    let Some(ts) = c["targets"].as_object() else {
+        return;
+    };
+    let checked: Vec<_> = ts
+        .iter()
+        .filter(|(_, t)| t["physical"].is_object())
+        .collect();
+    if checked.is_empty() {
+        return;
+    }
+    out.push_str(
+        "\n## The stores' own files\n\nThe status above is the store's API's (erased and \
+         verified through it); these targets' files were also read, read-only, for what was \
+         erased:\n\n",
+    );
+    for (name, t) in checked {
+        let p = &t["physical"];
+        let at = p["checked_at"].as_str().unwrap_or("-");
+        let line = match p["status"].as_str() {
+            Some("CLEAN") => {
+                format!("- {name}: its files held nothing of the erased data at {at}.\n")
+            }
+            Some("PENDING") => format!(
+                "- {name}: its files still held erased data at {at} ({} found). Remedy: {}. \
+                 `lethe verify --physical --job {}` checks again.\n",
+                p["residue"],
+                p["remedy"].as_str().unwrap_or("-"),
+                c["job_id"].as_str().unwrap_or("JOB_ID")
+            ),
+            _ => format!(
+                "- {name}: its files could not be checked at {at}: {}.\n",
+                p["reason"].as_str().unwrap_or("-")
+            ),
+        };
+        out.push_str(&line);
+    }
 }

@@ -58,6 +58,71 @@ pub struct TargetRecord {
     /// subject, which the target's `legacy` setting allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub legacy: Option<LegacyRecord>,
+    /// What the store's own files (the target's `path`) still held of the erased data when the
+    /// certificate was issued: present only for a target whose kind has such a check and which
+    /// is given its files. The logical outcome (`status`) does not wait for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical: Option<PhysicalRecord>,
+}
+
+/// A physical check's outcome.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PhysicalStatus {
+    /// The files hold nothing of what was erased.
+    Clean,
+    /// The files still hold some of it, until the store's `remedy` runs.
+    Pending,
+    /// The check could not run (its files unreadable, not the store's): `reason` says why.
+    Unchecked,
+}
+
+/// What a target's own files still held of the erased data, counts and words only.
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhysicalRecord {
+    /// `CLEAN`, `PENDING` or `UNCHECKED`.
+    pub status: PhysicalStatus,
+    /// How much the files still hold, as the adapter kind counts it (0: `CLEAN`); absent when
+    /// `UNCHECKED`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residue: Option<u64>,
+    /// For `PENDING`: what the store offers against it, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remedy: Option<String>,
+    /// For `UNCHECKED`: why the check did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When the files were read (RFC 3339, UTC).
+    pub checked_at: String,
+}
+
+impl PhysicalRecord {
+    /// A check that ran and found `residue`: `CLEAN` at 0, else `PENDING` with the remedy.
+    pub fn found(residue: u64, remedy: &str, checked_at: String) -> Self {
+        Self {
+            status: if residue == 0 {
+                PhysicalStatus::Clean
+            } else {
+                PhysicalStatus::Pending
+            },
+            residue: Some(residue),
+            remedy: (residue > 0).then(|| remedy.to_string()),
+            reason: None,
+            checked_at,
+        }
+    }
+
+    /// A check that could not run, and why (a message that names no identifier).
+    pub fn unchecked(reason: String, checked_at: String) -> Self {
+        Self {
+            status: PhysicalStatus::Unchecked,
+            residue: None,
+            remedy: None,
+            reason: Some(reason),
+            checked_at,
+        }
+    }
 }
 
 /// A declared store no target erases.
@@ -172,7 +237,7 @@ pub fn key_name(k: &VerifyingKey) -> String {
 
 /// The keys a certificate has (its own and its target lines'), the only ones a message about
 /// its shape may name.
-const CERTIFICATE_KEYS: [&str; 26] = [
+const CERTIFICATE_KEYS: [&str; 30] = [
     "format",
     "job_id",
     "scope",
@@ -199,6 +264,10 @@ const CERTIFICATE_KEYS: [&str; 26] = [
     "legacy",
     "policy",
     "exempt_assets",
+    "physical",
+    "residue",
+    "remedy",
+    "checked_at",
 ];
 
 /// Refuses a document in which an object names a key twice. A JSON parser keeps one of the
@@ -356,6 +425,7 @@ mod tests {
                 reason: None,
                 expires: None,
                 legacy: None,
+                physical: None,
             },
         );
         Certificate {
@@ -477,6 +547,69 @@ mod tests {
         let other = DeploymentKey::from_bytes([4; 32]).verifying_key();
         let e = Certificate::verify(&doc, &other).unwrap_err().to_string();
         assert!(e.contains(&key_name(&trusted)), "{e}");
+    }
+
+    /// A target line without a physical check has the keys it always had (old certificates stay
+    /// byte-identical); one with it carries `physical`, signed and verified like the rest.
+    #[test]
+    fn the_physical_line_is_optional_and_signed() {
+        let key = DeploymentKey::from_bytes([3; 32]);
+        let doc = sample().sign(&key);
+        let mut keys: Vec<_> = doc["targets"]["memories"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "adapter",
+                "adapter_version",
+                "class",
+                "count",
+                "error_codes",
+                "status"
+            ]
+        );
+        let mut c = sample();
+        let at = "2026-12-02T10:00:05Z".to_string();
+        c.targets.get_mut("memories").unwrap().physical = Some(PhysicalRecord::found(
+            6,
+            "run the store's remedy",
+            at.clone(),
+        ));
+        let mut clean = c.targets["memories"].clone();
+        clean.physical = Some(PhysicalRecord::found(0, "unused", at.clone()));
+        c.targets.insert("clean".into(), clean);
+        let mut unchecked = c.targets["memories"].clone();
+        unchecked.physical = Some(PhysicalRecord::unchecked("unreadable".into(), at));
+        c.targets.insert("unchecked".into(), unchecked);
+        let doc = c.clone().sign(&key);
+        assert_eq!(
+            doc["targets"]["memories"]["physical"],
+            serde_json::json!({"status": "PENDING", "residue": 6, "remedy": "run the store's remedy", "checked_at": "2026-12-02T10:00:05Z"})
+        );
+        assert_eq!(
+            doc["targets"]["clean"]["physical"],
+            serde_json::json!({"status": "CLEAN", "residue": 0, "checked_at": "2026-12-02T10:00:05Z"})
+        );
+        assert_eq!(
+            doc["targets"]["unchecked"]["physical"],
+            serde_json::json!({"status": "UNCHECKED", "reason": "unreadable", "checked_at": "2026-12-02T10:00:05Z"})
+        );
+        let back = Certificate::verify(&doc, &key.verifying_key()).unwrap();
+        assert_eq!(back.targets, c.targets);
+        let mut edited = doc.clone();
+        edited["targets"]["memories"]["physical"]["status"] = "CLEAN".into();
+        assert!(matches!(
+            Certificate::verify(&edited, &key.verifying_key()),
+            Err(CertificateError::BadSignature)
+        ));
+        let e = refuse_duplicate_keys(r#"{"residue": 1, "residue": 2}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`residue` appears twice"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,10 @@ use lethe_core::Scope;
 use serde_json::{json, Map, Value};
 
 use crate::redis::adapter::{hex_locator, unhex};
-use crate::{within_inventory, Adapter, AdapterError, Applicability, Description, Inventory, Locator};
+use crate::{
+    within_inventory, Adapter, AdapterError, Applicability, Description, Inventory, Locator,
+    Physical,
+};
 
 /// The metadata keys that hold the Lethe tenant, subject and (optionally) memory id.
 #[derive(Debug, Clone)]
@@ -467,6 +470,16 @@ impl Adapter for Chroma {
 
     fn files(&self) -> Vec<PathBuf> {
         Vec::new()
+    }
+
+    /// [`Chroma::physical_residue`]: every row of `chroma.sqlite3` that names an erased id (the
+    /// write log's adds, with their text, metadata and vector, and its deletes, which carry the
+    /// id), and any the metadata segment still has.
+    fn physical(&self, frozen: &[Locator]) -> Result<Option<Physical>, AdapterError> {
+        Ok(Chroma::physical_residue(self, frozen)?.map(|r| Physical {
+            residue: r.queue_rows + r.segment_rows,
+            remedy: PhysicalResidue::REMEDY,
+        }))
     }
 
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {

@@ -26,7 +26,9 @@
 //! - **Physical residue** (`path`, the persist folder): [`Chroma::physical_residue`] reads
 //!   `chroma.sqlite3` read-only and counts the rows that still name an erased id: Chroma keeps
 //!   every write in `embeddings_queue` (document text, metadata and vector included) after the
-//!   delete. The engine does not call it yet (no certificate field).
+//!   delete. Through [`crate::Adapter::physical`] the certificate reports it (`physical`, per
+//!   target) and `lethe verify --physical` re-checks it while the
+//!   job still keeps the erased ids (completion drops them).
 //!
 //! Errors: connection failures, timeouts, 5xx and 429 are `unavailable` (retryable); other 4xx
 //! are `failed`. Messages carry Chroma's error type and status, never its message text (which

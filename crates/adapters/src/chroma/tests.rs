@@ -464,6 +464,11 @@ fn physical_residue_reads_the_persist_folder() {
     assert_eq!(after.queue_content_rows, 3, "Chroma's log keeps the adds: {after:?}");
     assert_eq!(after.queue_rows, 6, "and the deletes, which name the ids: {after:?}");
     assert!(!after.is_clean());
+    // What the certificate and `verify --physical` get: every row that names an erased id.
+    let shown = Adapter::physical(&a, &inv.locators).unwrap().unwrap();
+    assert_eq!(shown.residue, after.queue_rows + after.segment_rows);
+    assert_eq!(shown.remedy, super::PhysicalResidue::REMEDY);
+    assert!(Adapter::physical(&coll.chroma(""), &inv.locators).unwrap().is_none());
     // Another subject's ids: nothing of theirs was erased, so their adds are not residue of
     // this erase; the check looks only for what the frozen locators name.
     let bob = a.inventory(&subject("acme", "bob")).unwrap();

@@ -10,7 +10,10 @@ use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde_json::Value;
 
 use crate::redis::adapter::{hex_locator, unhex};
-use crate::{within_inventory, Adapter, AdapterError, Applicability, Description, Inventory, Locator};
+use crate::{
+    within_inventory, Adapter, AdapterError, Applicability, Description, Inventory, Locator,
+    Physical,
+};
 
 /// The keys inside a span's `metadata` attribute that hold the Lethe tenant and subject.
 #[derive(Debug, Clone)]
@@ -507,6 +510,15 @@ impl Adapter for Phoenix {
 
     fn batch_size(&self) -> Option<usize> {
         Some(self.batch)
+    }
+
+    /// [`Phoenix::physical_residue`]: every occurrence of an erased trace id's bytes in
+    /// `phoenix.db` and `phoenix.db-wal`.
+    fn physical(&self, frozen: &[Locator]) -> Result<Option<Physical>, AdapterError> {
+        Ok(Phoenix::physical_residue(self, frozen)?.map(|r| Physical {
+            residue: r.db_hits + r.wal_hits,
+            remedy: PhysicalResidue::REMEDY,
+        }))
     }
 
     /// Read back until nothing is left, for at most `verify_timeout_ms`: a 204 is not proof.

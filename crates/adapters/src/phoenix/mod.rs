@@ -27,8 +27,10 @@
 //!   reads `phoenix.db` and `phoenix.db-wal` as bytes, read-only, for the erased trace ids.
 //!   Phoenix runs SQLite in WAL mode without `secure_delete`: a deleted span's page images stay
 //!   in the `-wal` until a checkpoint, which moves them into `phoenix.db`'s freed space (kept
-//!   until `VACUUM`; later writes to those pages copy them into the `-wal` again). The engine
-//!   does not call it yet (no certificate field).
+//!   until `VACUUM`; later writes to those pages copy them into the `-wal` again). Through
+//!   [`crate::Adapter::physical`] the certificate reports it (`physical`, per target) and
+//!   `lethe verify --physical` re-checks it while the
+//!   job still keeps the erased ids (completion drops them).
 //!
 //! Errors: 429 and 503 are retried after their `Retry-After` (within `timeout_ms`); other 5xx,
 //! connection failures and timeouts are `unavailable`; other 4xx `failed`. Messages carry the

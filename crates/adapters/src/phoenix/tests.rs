@@ -602,6 +602,10 @@ fn physical_residue_finds_erased_trace_ids_in_the_sqlite_files() {
     let after = a.physical_residue(&inv.locators).unwrap().unwrap();
     eprintln!("phoenix physical residue after the erase: {after:?}");
     assert!(!after.is_clean(), "Phoenix's files keep the erased trace ids: {after:?}");
+    // What the certificate gets: the occurrences of erased ids' bytes, and Phoenix's remedy.
+    let shown = Adapter::physical(&a, &inv.locators).unwrap().unwrap();
+    assert!(shown.residue > 0, "{shown:?}");
+    assert_eq!(shown.remedy, super::PhysicalResidue::REMEDY);
     // The span text is there too, as bytes of the same pages (read by the test, which knows
     // it; the adapter keeps no text).
     let text = format!("alice of acme said secret 0-0 in {}", proj.name).into_bytes();

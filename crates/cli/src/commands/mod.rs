@@ -34,7 +34,14 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         Command::Serve { listen } => serve::run(&config, listen),
         Command::Targets { json } => targets::run(&config, json),
         Command::Inventory { scope, json } => scope::inventory(&config, scope, json),
-        Command::Verify { scope, audit, json } => scope::verify(&config, scope, audit, json),
+        Command::Verify {
+            job: Some(job_id),
+            json,
+            ..
+        } => scope::verify_physical(&config, &job_id, json),
+        Command::Verify {
+            scope, audit, json, ..
+        } => scope::verify(&config, scope, audit, json),
         Command::Erase(erase) => erase::erase(&config, erase),
         Command::Resume {
             job_id,

@@ -354,14 +354,17 @@ impl Run<'_> {
                 }
                 Checked::Residue(_) => (TargetStatus::Done, None),
             };
-            let settled = match status {
-                TargetStatus::Exempt => lethe_adapters::Settlement::default(),
+            let (settled, physical) = match status {
+                TargetStatus::Exempt => (lethe_adapters::Settlement::default(), None),
                 _ => {
                     let (_, frozen) = self
                         .journal
                         .inventory(&job.job_id, &t.name)?
                         .unwrap_or_default();
-                    t.adapter.settlement(&frozen)
+                    (
+                        t.adapter.settlement(&frozen),
+                        self.physical_record(t, &frozen),
+                    )
                 }
             };
             let status = match settled.expires {
@@ -384,6 +387,7 @@ impl Run<'_> {
                         policy: policy.to_string(),
                         count,
                     }),
+                    physical,
                 },
             );
         }
