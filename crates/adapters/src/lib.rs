@@ -436,6 +436,20 @@ pub trait Adapter: Send + Sync {
         Ok(None)
     }
 
+    /// Whether this kind takes lineage: artifacts a runtime records (`POST /v1/lineage`) as
+    /// derived from a subject's memory, which an erasure of that memory then reaches. `false`
+    /// (the default): this kind takes no lineage, and an edge naming a target of it is refused.
+    fn takes_lineage(&self) -> bool {
+        false
+    }
+
+    /// A recorded artifact, resolved for the scope: its frozen locator and the rows it accounts
+    /// for now, or `None` when it no longer exists. Read-only. Only called where
+    /// [`Adapter::takes_lineage`]; the default finds nothing.
+    fn artifact(&self, _scope: &Scope, _locator: &str) -> Result<Option<Locator>, AdapterError> {
+        Ok(None)
+    }
+
     /// The store's database guard, where its kind has one (LangGraph on PostgreSQL): the sink
     /// side of the fence. `None`: this kind cannot refuse writes by itself.
     fn guard(&self) -> Option<&dyn guard::Guard> {

@@ -158,6 +158,9 @@ pub struct TargetCount {
     pub exempt: Option<String>,
 }
 
+/// The longest locator a lineage edge may name.
+pub const MAX_LOCATOR: usize = 4096;
+
 /// The engine: a journal, the targets, the key and a clock.
 pub struct Engine {
     journal: Journal,
@@ -387,6 +390,45 @@ impl Engine {
             },
             None => lethe_gate::Authority::journal(&self.journal),
         }
+    }
+
+    /// Records that the artifact `locator` in the target named `target` was derived from the
+    /// subject's memories `from` (empty: from the subject's memory as a whole), for an erasure
+    /// of them to reach it (`POST /v1/lineage`). Refused, storing nothing: a target not
+    /// configured, one whose kind takes no lineage, a malformed locator ([`EngineError::Input`]),
+    /// and while an erasure of the subject or tenant has its fence closed
+    /// (`GateError::Fenced`). The locator is never logged or quoted.
+    pub fn record_lineage(
+        &self,
+        tenant: &lethe_core::Tenant,
+        subject: &lethe_core::Subject,
+        target: &str,
+        locator: &str,
+        from: &[lethe_journal::lineage::Source],
+    ) -> Result<(), EngineError> {
+        let t = self
+            .targets
+            .iter()
+            .find(|t| t.name == target)
+            .ok_or_else(|| EngineError::Input("`target` names no configured target".to_string()))?;
+        if !t.adapter.takes_lineage() {
+            return Err(EngineError::Input(format!(
+                "`target`: a target of kind {} takes no lineage (kinds that do: sql, \
+                 langgraph-redis-cache)",
+                t.kind.as_str()
+            )));
+        }
+        if locator.is_empty()
+            || locator.len() > MAX_LOCATOR
+            || locator.chars().any(char::is_control)
+        {
+            return Err(EngineError::Input(format!(
+                "`locator` must be 1 to {MAX_LOCATOR} bytes, no control characters"
+            )));
+        }
+        self.journal
+            .record_lineage(tenant, subject, &t.name, locator, from)?;
+        Ok(())
     }
 
     /// The targets.

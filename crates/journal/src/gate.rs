@@ -70,7 +70,7 @@ fn bump(tx: &mut dyn Tx, tenant: &str, subject: &str) -> Result<u64> {
         .unwrap_or(0) as u64)
 }
 
-fn is_fenced(tx: &mut dyn Tx, tenant: &str, subject: &str) -> Result<bool> {
+pub(crate) fn is_fenced(tx: &mut dyn Tx, tenant: &str, subject: &str) -> Result<bool> {
     Ok(tx
         .one(
             "SELECT EXISTS (SELECT 1 FROM fences WHERE tenant = $1 AND subject IN ($2, ''))",

@@ -26,6 +26,7 @@ mod entry;
 mod gate;
 pub mod holds;
 pub mod jobs;
+pub mod lineage;
 mod schema;
 
 use std::collections::HashMap;

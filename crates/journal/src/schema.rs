@@ -12,8 +12,11 @@ use crate::db::{Tx, V};
 /// take whose lease its first statement did not see even when it saw none (a version-4 process
 /// would put back the function that let it through unlocked, so it must not open a version-5
 /// store).
+/// 6: `lineage`, the edges runtimes record from a derived artifact to the memories it came from;
+/// a version-5 process would erase without following them, so it must not open a version-6
+/// store.
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
-const VERSION: i64 = 5;
+const VERSION: i64 = 6;
 
 /// Which SQL spelling of integer columns to use.
 #[derive(Clone, Copy)]
@@ -139,6 +142,18 @@ CREATE TABLE IF NOT EXISTS permits (
     -- in `migrate`, also serves lookups by lease).
     request_key TEXT
 );
+-- Lineage: an artifact in a target (its locator, as the target's adapter resolves it) derived
+-- from a subject's memory. One row per memory it came from; memory_id = '' stands for the
+-- subject's memory as a whole, version = '' for any version. Never in the chain or a log.
+CREATE TABLE IF NOT EXISTS lineage (
+    tenant    TEXT NOT NULL,
+    subject   TEXT NOT NULL,
+    target    TEXT NOT NULL,
+    locator   TEXT NOT NULL,
+    memory_id TEXT NOT NULL,
+    version   TEXT NOT NULL,
+    PRIMARY KEY (tenant, subject, target, locator, memory_id, version)
+){WITHOUT_ROWID};
 -- The permits a job's freeze found active: the job cannot leave FROZEN until each is released
 -- or confirmed cancelled.
 CREATE TABLE IF NOT EXISTS drain (

@@ -75,6 +75,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/permits/{permit_id}", delete(release_permit))
         .route("/v1/permits/{permit_id}/cancelled", post(confirm_cancelled))
         .route("/v1/revocations", get(revocations))
+        .route("/v1/lineage", post(record_lineage))
         .route("/v1/jobs", post(create_job).get(list_jobs))
         .route("/v1/jobs/{job_id}", get(job))
         .route("/v1/jobs/{job_id}/resume", post(resume_job))
@@ -639,6 +640,65 @@ async fn revocations(
             .interval(Duration::from_secs(15))
             .text("keepalive"),
     ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceJson {
+    memory_id: String,
+    version: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LineageJson {
+    tenant: String,
+    subject: String,
+    target: String,
+    locator: String,
+    #[serde(default)]
+    from: Vec<lethe_core::Object<SourceJson>>,
+}
+
+/// At most this many memories an artifact is recorded as derived from, in one edge.
+const MAX_SOURCES: usize = 10_000;
+
+/// Records a lineage edge (`Engine::record_lineage`): 204, or 400 for a target not configured
+/// or whose kind takes no lineage and a malformed identifier or locator, 409 `fenced` while an
+/// erasure of the subject or tenant has its fence closed. Nothing stored when refused.
+async fn record_lineage(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    b: Result<Object<LineageJson>, ApiError>,
+) -> Result<StatusCode, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let b = body(b)?;
+    let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
+    let tenant = Tenant::new(b.tenant).map_err(bad)?;
+    let subject = Subject::new(b.subject).map_err(bad)?;
+    if b.from.len() > MAX_SOURCES {
+        return Err(ApiError::bad_request(
+            "from may list at most 10000 memories",
+        ));
+    }
+    let from = b
+        .from
+        .into_iter()
+        .map(|lethe_core::Object(r)| {
+            Ok((
+                MemoryId::new(r.memory_id).map_err(bad)?,
+                r.version.map(Version::new).transpose().map_err(bad)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let engine = Arc::clone(&state.engine);
+    tokio::task::spawn_blocking(move || {
+        engine.record_lineage(&tenant, &subject, &b.target, &b.locator, &from)
+    })
+    .await
+    .map_err(|_| ApiError::unavailable())?
+    .map_err(engine_error)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Deserialize)]

@@ -348,6 +348,26 @@ impl Adapter for NodeCache {
         self.selection(scope).map(|_| Applicability::Applies)
     }
 
+    fn takes_lineage(&self) -> bool {
+        true
+    }
+
+    /// A recorded artifact is a cache key under the prefix (`langgraph:cache:<ns>:<hash>`):
+    /// frozen as an indexed entry (`k:`), one row, while it exists. A key outside the prefix
+    /// is not this cache's, and is refused rather than erased.
+    fn artifact(&self, _scope: &Scope, locator: &str) -> Result<Option<Locator>, AdapterError> {
+        if !locator.starts_with(&self.prefix) || locator.len() == self.prefix.len() {
+            return Err(self.failed(format!(
+                "a lineage edge names a key outside the cache's prefix {}: nothing is erased",
+                self.prefix
+            )));
+        }
+        let mut nodes = self.lock();
+        Ok(self
+            .exists(&mut nodes, locator.as_bytes())?
+            .then(|| (hex_locator("k:", locator.as_bytes()), 1)))
+    }
+
     /// The database, the prefix and the index layout; not `legacy`, which an operator changes
     /// to resume a job blocked on `legacy_derived`.
     fn place(&self) -> String {

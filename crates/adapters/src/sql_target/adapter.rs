@@ -40,6 +40,32 @@ fn verify_stmt(p: &Parsed) -> Stmt {
     ))
 }
 
+/// `erase` as a count of the rows it would delete: `DELETE FROM <rest>` read as
+/// `SELECT count(*) FROM <rest>`, the same placeholders in the same order. `None` where the
+/// statement has a clause a `SELECT` lacks (`RETURNING`, `USING`, `ORDER BY`, `LIMIT`; any
+/// such word anywhere, a literal's included, is enough to give up): the caller then counts 1.
+fn count_stmt(erase: &Parsed) -> Option<Stmt> {
+    let sql = erase.sql.trim_start();
+    if !sql.get(..6)?.eq_ignore_ascii_case("DELETE") {
+        return None;
+    }
+    let rest = sql.get(6..)?.trim_start();
+    if !rest.get(..4)?.eq_ignore_ascii_case("FROM") {
+        return None;
+    }
+    let words = sql.to_ascii_lowercase();
+    let blocked = words
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .any(|w| matches!(w, "returning" | "using" | "order" | "limit"));
+    if blocked {
+        return None;
+    }
+    Some(Stmt::new(format!(
+        "WITH lethe_q(n) AS (\nSELECT count(*) FROM{}\n) SELECT CAST(COALESCE(n, 0) AS BIGINT) FROM lethe_q",
+        rest.get(4..)?
+    )))
+}
+
 /// A generic SQL table target.
 #[derive(Debug)]
 pub struct SqlTarget {
@@ -262,6 +288,28 @@ impl SqlTarget {
         Ok(out)
     }
 
+    /// The rows `erase` would delete for this locator now, counted read-only; `None` where
+    /// `erase` cannot be read as a count ([`count_stmt`]).
+    fn rows_at(
+        &self,
+        s: &mut Session<'_>,
+        scope: &Scope,
+        locator: &str,
+    ) -> Result<Option<u64>, AdapterError> {
+        let Some(stmt) = count_stmt(&self.st.erase) else {
+            return Ok(None);
+        };
+        let values = self.values(&self.st.erase, scope, Some(locator))?;
+        let params: Vec<Param<'_>> = values.iter().map(|v| crate::sql::text(v)).collect();
+        let n: i64 = s
+            .read_only(|s| s.query(&stmt, &params, &[Col::Int]))
+            .map_err(|e| self.about("erase (read as a count)", e))?
+            .iter()
+            .map(|r| r.int(0))
+            .sum();
+        Ok(Some(n.max(0) as u64))
+    }
+
     fn locate_key(scope: &Scope) -> (&'static str, &'static str) {
         match scope {
             Scope::Subject { .. } => ("locate", "verify"),
@@ -325,6 +373,26 @@ impl Adapter for SqlTarget {
         ))
     }
 
+    fn takes_lineage(&self) -> bool {
+        true
+    }
+
+    /// A recorded artifact's locator is what `erase` takes as `:locator`. Its rows: `erase`
+    /// read as a count (`SELECT count(*) FROM` the rest of the `DELETE`), `None` at 0; where
+    /// `erase` cannot be read so, 1 while it is recorded (the anomaly guard then holds the
+    /// erase to one row).
+    fn artifact(&self, scope: &Scope, locator: &str) -> Result<Option<Locator>, AdapterError> {
+        if let Pick::Exempt(_) = self.pick(scope)? {
+            return Ok(None);
+        }
+        let mut s = self.session()?;
+        Ok(match self.rows_at(&mut s, scope, locator)? {
+            Some(0) => None,
+            Some(n) => Some((locator.to_string(), n)),
+            None => Some((locator.to_string(), 1)),
+        })
+    }
+
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
         let Pick::Run(locate, _) = self.pick(scope)? else {
             return Ok(Inventory::default());
@@ -357,7 +425,7 @@ impl Adapter for SqlTarget {
         Ok(deleted)
     }
 
-    fn verify(&self, scope: &Scope, _frozen: &[Locator]) -> Result<u64, AdapterError> {
+    fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {
         let Pick::Run(locate, verify) = self.pick(scope)? else {
             return Ok(0);
         };
@@ -376,7 +444,13 @@ impl Adapter for SqlTarget {
         }
         // Two readings, the larger: the declared count, and the rows `locate` still finds
         // (a frozen locator still there is found by it, as is one written since).
-        let located: u64 = self.located(&mut s, lkey, locate, scope)?.values().sum();
-        Ok((counted as u64).max(located))
+        let located = self.located(&mut s, lkey, locate, scope)?;
+        // A frozen locator `locate` no longer finds (a lineage artifact, which no `locate`
+        // finds) is counted by `erase` read as a count: what the erase left under it.
+        let mut left = 0;
+        for (l, _) in frozen.iter().filter(|(l, _)| !located.contains_key(l)) {
+            left += self.rows_at(&mut s, scope, l)?.unwrap_or(0);
+        }
+        Ok((counted as u64).max(located.values().sum()) + left)
     }
 }

@@ -138,6 +138,42 @@ impl Run<'_> {
         Ok(inv)
     }
 
+    /// Adds to a target's inventory the artifacts runtimes recorded as derived from the scope
+    /// (lineage), each as the adapter resolves it now; one gone already adds nothing. One
+    /// level: an artifact derived from an artifact is not followed. `Ok(Some(e))`: the adapter
+    /// failed.
+    fn add_lineage(
+        &self,
+        scope: &Scope,
+        t: &Target,
+        inv: &mut lethe_adapters::Inventory,
+    ) -> Result<Option<AdapterError>, EngineError> {
+        if !t.adapter.takes_lineage() {
+            return Ok(None);
+        }
+        let mut have: std::collections::HashSet<String> =
+            inv.locators.iter().map(|(l, _)| l.clone()).collect();
+        let mut added = 0usize;
+        for recorded in self.journal.lineage_locators(scope, &t.name)? {
+            match t.adapter.artifact(scope, &recorded) {
+                Ok(Some((l, n))) => {
+                    if have.insert(l.clone()) {
+                        inv.locators.push((l, n));
+                        inv.count += n;
+                        added += 1;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => return Ok(Some(e)),
+            }
+        }
+        if added > 0 {
+            inv.locators.sort();
+            tracing::info!(target = %t.name, added, "Lineage artifacts added to the inventory.");
+        }
+        Ok(None)
+    }
+
     /// One target's inventory, journaled. `Ok(Some(e))`: the adapter failed (not journaled).
     pub(super) fn inventory_target(
         &self,
@@ -163,7 +199,10 @@ impl Run<'_> {
                 (0, Vec::new(), event)
             }
             Applicability::Applies => match self.inventory_guarded(job, scope, t) {
-                Ok(inv) => {
+                Ok(mut inv) => {
+                    if let Some(e) = self.add_lineage(scope, t, &mut inv)? {
+                        return Ok(Some(e));
+                    }
                     tracing::info!(job = %job.job_id, target = %t.name, rows = inv.count, locators = inv.locators.len(), "Inventory taken.");
                     let event = Progress::Inventoried {
                         target: t.name.clone(),
