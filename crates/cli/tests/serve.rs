@@ -291,24 +291,34 @@ fn serve_grants_nothing_while_its_postgres_hold_on_the_gate_is_lost() {
     let lease = rt.take_lease("acme", "alice", &[], 600_000).unwrap();
     let permit = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
     // The session holding the lock shared (key 0x006c_6574_6867: classid 0x6c, objid the rest).
-    let killed: i64 = admin
-        .query_one(
-            "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_database d \
-             ON d.oid = l.database WHERE d.datname = $1 AND l.locktype = 'advisory' \
-             AND l.classid = 108 AND l.objid = 1702127719 AND l.mode = 'ShareLock'",
-            &[&db],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(killed, 1, "the server's hold");
+    let mut kill_hold = || -> i64 {
+        admin
+            .query_one(
+                "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_database d \
+                 ON d.oid = l.database WHERE d.datname = $1 AND l.locktype = 'advisory' \
+                 AND l.classid = 108 AND l.objid = 1702127719 AND l.mode = 'ShareLock'",
+                &[&db],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(kill_hold(), 1, "the server's hold");
     let journal = || lethe_journal::Journal::open_url(&url, dir.path()).unwrap();
     let gate = journal();
     let deadline = Instant::now() + Duration::from_secs(20);
+    let mut again = Instant::now() + Duration::from_millis(500);
     while gate.hold_gate_authority().is_err() {
         assert!(
             Instant::now() < deadline,
             "the server's hold outlived its session"
         );
+        // The server's watchdog takes its hold back as soon as it can (that is its job): on a
+        // loaded machine it can do so before this thread's first try. Then end its new
+        // session too, and try again.
+        if Instant::now() > again {
+            kill_hold();
+            again = Instant::now() + Duration::from_millis(500);
+        }
         std::thread::yield_now();
     }
     // The watchdog notices within its check interval; from then on nothing is granted.
