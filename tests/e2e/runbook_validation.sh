@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The runbook's validation scenario: subjects written through real LangGraph into PostgreSQL,
 # a session cache in Redis, `lethe erase` of acme/alice over the PostgreSQL checkpointer, the
-# PostgreSQL store, the Redis session cache and LangGraph's node cache (legacy entries flushed),
-# and a comparison of snapshots taken before and after:
+# PostgreSQL store, the Redis session cache, LangGraph's node cache (legacy entries flushed) and,
+# where LETHE_CHROMA_URL names a server, a Chroma collection of the subjects' memories, and a comparison of snapshots taken before and after:
 # zero residue for alice, every row and key of every other subject kept, byte for byte.
 #
 # 1. The project's own data (always): `scripts/pg seed-small` (three subjects of the runbook's
@@ -59,6 +59,18 @@ class = "cache"
 url = "redis://127.0.0.1:6379/$2"
 legacy = "flush"
 TOML
+    if [ -n "${3:-}" ]; then
+        cat >>"$work/lethe.toml" <<TOML
+
+[[target]]
+name = "recall-index"
+kind = "chroma"
+class = "vector-index"
+url = "$3"
+collection = "lethe_validation_memories"
+metadata = { tenant = "tenant_id", subject = "user_id" }
+TOML
+    fi
 }
 
 erase_alice() {
@@ -78,12 +90,19 @@ PY
 # 1. The project's own data.
 scripts/pg seed-small "$PG" lethe_validation --manifest "$work/manifest.json" >/dev/null
 "$PY" tests/e2e/validation.py redis-seed "$work/manifest.json" redis://127.0.0.1:6379/3
+# A Chroma collection too, where a Chroma server runs (scripts/test starts one: LETHE_CHROMA_URL).
+CHROMA=${LETHE_CHROMA_URL:-}
+if [ -n "$CHROMA" ]; then
+    "$PY" tests/e2e/validation.py chroma-seed "$work/manifest.json" "$CHROMA"
+else
+    echo "runbook validation: LETHE_CHROMA_URL is not set: no Chroma collection in the scenario"
+fi
 snap() {
     "$PY" tests/e2e/validation.py snapshot "$work/manifest.json" "${PG%/*}/lethe_validation" \
-        redis://127.0.0.1:6379/3 "$work/$1.json"
+        redis://127.0.0.1:6379/3 "$work/$1.json" $CHROMA
 }
 snap own-before
-config lethe_validation 3
+config lethe_validation 3 "$CHROMA"
 erase_alice own
 snap own-after
 "$PY" tests/e2e/validation.py compare "$work/manifest.json" "$work/own-before.json" \

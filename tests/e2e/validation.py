@@ -2,7 +2,8 @@
 keys, and their comparison after an erasure.
 
     validation.py redis-seed MANIFEST REDIS_URL       session-cache keys and node-cache entries
-    validation.py snapshot MANIFEST PG_URL REDIS_URL OUT
+    validation.py chroma-seed MANIFEST CHROMA_URL     a Chroma collection of every subject's memories
+    validation.py snapshot MANIFEST PG_URL REDIS_URL OUT [CHROMA_URL]
     validation.py compare MANIFEST BEFORE AFTER TENANT SUBJECT
 
 The database is one `scripts/pg seed-small` wrote through real LangGraph; MANIFEST is its
@@ -98,13 +99,65 @@ def value(r, k):
     return r.dump(k) or b""
 
 
+CHROMA_COLLECTION = "lethe_validation_memories"
+
+
+def chroma(url, method, path, body=None):
+    """One call of Chroma's REST API v2 (stdlib only: the scenario's venv has no chromadb)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{url}/api/v2/tenants/default_tenant/databases/default_database{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        text = r.read()
+    return json.loads(text) if text else None
+
+
+def chroma_collection(url):
+    return chroma(url, "POST", "/collections", {"name": CHROMA_COLLECTION, "get_or_create": True})["id"]
+
+
+def chroma_seed(manifest, url):
+    """A Chroma collection of each subject's memories (two documents each, with the subject's
+    text and a small vector), tenant and subject in the metadata, as an application that indexes
+    its memories for recall keeps them. Dropped and made again first."""
+    try:
+        chroma(url, "DELETE", f"/collections/{CHROMA_COLLECTION}")
+    except Exception:
+        pass
+    cid = chroma_collection(url)
+    ids, docs, metas, vecs = [], [], [], []
+    for n, s in enumerate(subjects(manifest)):
+        for k in range(2):
+            ids.append(f"mem-{n}-{k}")
+            docs.append(f"memory {k} of {needle(s)}")
+            metas.append({"tenant_id": s["tenant_id"], "user_id": s["user_id"], "k": k})
+            vecs.append([float(n), float(k), 1.0])
+    chroma(url, "POST", f"/collections/{cid}/add",
+           {"ids": ids, "documents": docs, "metadatas": metas, "embeddings": vecs})
+
+
+def chroma_snapshot(url):
+    """Every document of the collection: id -> [document, metadata, embedding]."""
+    cid = chroma_collection(url)
+    got = chroma(url, "POST", f"/collections/{cid}/get",
+                 {"include": ["documents", "metadatas", "embeddings"]})
+    return {i: [d, m, e] for i, d, m, e in
+            zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"])}
+
+
 def in_prefix(prefix, root):
     return prefix == root or prefix.startswith(root + ".")
 
 
-def snapshot(manifest, pg_url, redis_url, out):
+def snapshot(manifest, pg_url, redis_url, out, chroma_url=None):
     subs = subjects(manifest)
     snap = {}
+    docs = chroma_snapshot(chroma_url) if chroma_url else {}
     r = redis.Redis.from_url(redis_url)
     all_keys = sorted(k.decode("utf-8", "surrogateescape") for k in r.scan_iter(count=1000))
     with psycopg.connect(pg_url) as c:
@@ -146,6 +199,12 @@ def snapshot(manifest, pg_url, redis_url, out):
         listed = sorted(m.decode() for m in r.smembers(idx)) + ([idx] if r.exists(idx) else [])
         got["node_cache"] = [[k, (r.dump(k) or b"").hex()] for k in listed]
         got["values_with_text"] = [k for k in all_keys if needle(s).encode() in value(r, k)]
+        if chroma_url:
+            got["chroma"] = sorted(
+                [i, d, m, e] for i, (d, m, e) in docs.items()
+                if (m.get("tenant_id"), m.get("user_id")) == (t, u)
+            )
+            got["chroma_text"] = sorted(i for i, (d, _, _) in docs.items() if needle(s) in (d or ""))
         snap[f"{t}/{u}"] = got
     json.dump(snap, open(out, "w"), indent=1, sort_keys=True)
 
@@ -187,6 +246,9 @@ def main(argv):
     if cmd == "redis-seed":
         redis_seed(*args)
         node_cache_seed(*args)
+        return 0
+    if cmd == "chroma-seed":
+        chroma_seed(*args)
         return 0
     if cmd == "snapshot":
         snapshot(*args)
