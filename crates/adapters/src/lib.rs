@@ -179,6 +179,37 @@ pub(crate) fn within_inventory(
 
 use lethe_core::{Scope, Version};
 
+/// Whether a record (a document, a span) carries `scope` exactly: `value(field)` is the record's
+/// string under a field, and each identifier the scope names must equal it byte for byte under
+/// its field: `tenant`, `subject`, and `memory` where the record has a memory field (without
+/// one, the caller matches the memory some other way, or the scope is exempt).
+pub(crate) fn carries<'v>(
+    value: impl Fn(&str) -> Option<&'v str>,
+    tenant: &str,
+    subject: &str,
+    memory: Option<&str>,
+    scope: &Scope,
+) -> bool {
+    let is = |field: &str, want: &str| value(field) == Some(want);
+    match scope {
+        Scope::Tenant { tenant: t } => is(tenant, t.as_str()),
+        Scope::Subject {
+            tenant: t,
+            subject: s,
+        } => is(tenant, t.as_str()) && is(subject, s.as_str()),
+        Scope::Memory {
+            tenant: t,
+            subject: s,
+            memory: m,
+            ..
+        } => {
+            is(tenant, t.as_str())
+                && is(subject, s.as_str())
+                && memory.is_none_or(|field| is(field, m.as_str()))
+        }
+    }
+}
+
 pub use guard::{Fence, Guard, GuardStatus};
 pub use postgres_guard::VERSION as GUARD_VERSION;
 pub use registry::{build, Target, TargetConfigError};

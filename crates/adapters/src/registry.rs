@@ -209,6 +209,22 @@ pub(crate) fn resolve(base: &Path, p: &Path) -> std::path::PathBuf {
     }
 }
 
+/// Reads a secret (an API key, a bearer token) from a file relative to the config's folder:
+/// private to its owner (`lethe_postgres::read_password_file`) and one line of visible ASCII,
+/// as an HTTP header needs. `key` names the config key in errors; the secret is never shown.
+pub(crate) fn read_secret(base: &Path, file: &Path, key: &str) -> Result<String, String> {
+    let p = resolve(base, file);
+    let t = lethe_postgres::read_password_file(&p)
+        .map_err(|e| format!("{key} {}: {e}", p.display()))?;
+    if !t.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{key} {}: the secret must be visible ASCII on one line",
+            p.display()
+        ));
+    }
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

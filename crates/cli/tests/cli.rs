@@ -3846,7 +3846,18 @@ fn node_cache_legacy_entries_block_then_flush_or_expire_on_the_certificate() {
             ":0",
             "alice's entry erased"
         );
-        assert_eq!(redis_cmd(&["GET", &entry(2)]), "$17", "bob's entry kept");
+        assert_eq!(
+            redis_cmd(&[
+                "EVAL",
+                "return redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('SISMEMBER', KEYS[2], KEYS[1]) or 0",
+                "2",
+                &entry(2),
+                &format!("{root}:idx:acme:bob"),
+                "json:bob's answer",
+            ]),
+            ":1",
+            "bob's entry kept, byte for byte, and still in his index set"
+        );
         if policy == "flush" {
             assert_eq!(
                 (t["status"].as_str(), t["count"].as_u64()),
@@ -3913,8 +3924,14 @@ fn declared_assets_without_a_target_are_listed_and_certified_as_not_covered() {
     );
     let text = env.run(&["targets"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("NOT ERASED BECAUSE"));
+    let others = env.others_rows();
     let (c, out) = env.json(&ERASE_ALICE);
     assert_eq!(c, 0, "{out}");
+    assert_eq!(
+        env.others_rows(),
+        others,
+        "every other subject kept its rows"
+    );
     assert_eq!(
         out["certificate"]["exempt_assets"]["warehouse"],
         serde_json::json!({"class": "analytics", "reason": "aggregates only, no row per person (DPIA-17)"})

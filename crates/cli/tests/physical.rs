@@ -49,6 +49,7 @@ fn http(path: &str, body: Option<Value>) -> Value {
 /// dropped with the test.
 struct Coll {
     name: String,
+    cid: String,
 }
 
 impl Coll {
@@ -62,7 +63,7 @@ impl Coll {
             &format!("{DB}/collections"),
             Some(json!({ "name": name, "metadata": { "hnsw:space": "l2" } })),
         );
-        let cid = v["id"].as_str().unwrap();
+        let cid = v["id"].as_str().unwrap().to_string();
         let owners = [("alice", 3), ("bob", 2)];
         let (mut ids, mut docs, mut metas, mut vecs) = (vec![], vec![], vec![], vec![]);
         for (o, (s, n)) in owners.iter().enumerate() {
@@ -78,7 +79,20 @@ impl Coll {
             &format!("{DB}/collections/{cid}/add"),
             Some(json!({ "ids": ids, "documents": docs, "metadatas": metas, "embeddings": vecs })),
         );
-        Coll { name }
+        Coll { name, cid }
+    }
+
+    /// Every document of `subject`: ids, text, metadata and vectors, as Chroma returns them.
+    fn docs_of(&self, subject: &str) -> Value {
+        let mut v = http(
+            &format!("{DB}/collections/{}/get", self.cid),
+            Some(json!({
+                "where": { "user_id": { "$eq": subject } },
+                "include": ["documents", "metadatas", "embeddings"]
+            })),
+        );
+        v.as_object_mut().unwrap().remove("include");
+        v
     }
 
     /// The `[[target]]` table for this collection, with `extra` keys.
@@ -174,11 +188,23 @@ fn a_chroma_target_with_path_is_certified_physically_pending_and_verify_physical
         with.target("vectors", &format!("path = \"{dir}\"")),
         without.target("vectors-nopath", "")
     ));
+    let bobs = (with.docs_of("bob"), without.docs_of("bob"));
+    assert_eq!(bobs.0["ids"].as_array().unwrap().len(), 2);
     let (c, out) = erase(&env, "alice");
     assert_eq!(c, 0, "{out}");
     assert_eq!(
         out["state"], "COMPLETE",
         "logical COMPLETE does not wait for it"
+    );
+    assert_eq!(
+        (with.docs_of("bob"), without.docs_of("bob")),
+        bobs,
+        "bob kept every document, byte for byte"
+    );
+    assert_eq!(
+        with.docs_of("alice")["ids"],
+        json!([]),
+        "alice's documents are gone"
     );
     let job = out["job_id"].as_str().unwrap().to_string();
     let cert = &out["certificate"];

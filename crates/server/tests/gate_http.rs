@@ -4,6 +4,8 @@
 //!
 //! Orderings are forced with hooks and channels, never with sleeps.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
@@ -132,28 +134,10 @@ impl Env {
                 lethe_postgres::Settings::from_url(&self.journal, self.dir.path()).unwrap()
             }),
         };
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx
-                    .send(listener.local_addr().unwrap().to_string())
-                    .unwrap();
-                lethe_server::run(listener, server, async move {
-                    let _ = stop_rx.await;
-                })
-                .await
-            })
-        });
-        self.addr = addr_rx.recv().unwrap();
-        self.stop = Some(stop_tx);
-        self.thread = Some(thread);
+        let s = common::spawn(server);
+        self.addr = s.addr;
+        self.stop = Some(s.stop);
+        self.thread = Some(s.thread);
     }
 
     /// Graceful shutdown; returns what `run` returned.

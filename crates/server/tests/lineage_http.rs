@@ -3,8 +3,9 @@
 //! erasure; refusals (a target not configured, a kind without lineage, a bad identifier, a
 //! closed fence) store nothing.
 
+mod common;
+
 use std::path::Path;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,32 +86,14 @@ impl Env {
             postgres: postgres
                 .then(|| lethe_postgres::Settings::from_url(&journal, dir.path()).unwrap()),
         };
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx
-                    .send(listener.local_addr().unwrap().to_string())
-                    .unwrap();
-                lethe_server::run(listener, server, async move {
-                    let _ = stop_rx.await;
-                })
-                .await
-            })
-        });
+        let s = common::spawn(server);
         Self {
-            addr: addr_rx.recv().unwrap(),
+            addr: s.addr,
             _dir: dir,
             summaries,
             journal,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            stop: Some(s.stop),
+            thread: Some(s.thread),
         }
     }
 

@@ -217,24 +217,16 @@ impl AzureAiSearch {
     /// Whether a document's fields carry the scope: each a string equal, byte for byte, to the
     /// scope's identifier.
     fn carries(&self, doc: &Doc, scope: &Scope) -> bool {
-        let is = |field: &str, want: &str| doc.get(field).and_then(Value::as_str) == Some(want);
         let f = &self.fields;
-        match scope {
-            Scope::Tenant { tenant } => is(&f.tenant, tenant.as_str()),
-            Scope::Subject { tenant, subject } => {
-                is(&f.tenant, tenant.as_str()) && is(&f.subject, subject.as_str())
-            }
-            Scope::Memory {
-                tenant,
-                subject,
-                memory,
-                ..
-            } => {
-                is(&f.tenant, tenant.as_str())
-                    && is(&f.subject, subject.as_str())
-                    && f.memory.as_deref().is_some_and(|m| is(m, memory.as_str()))
-            }
-        }
+        // A memory scope reaches here only with a `memory` field (`check_scope` exempts it
+        // otherwise).
+        crate::carries(
+            |field| doc.get(field).and_then(Value::as_str),
+            &f.tenant,
+            &f.subject,
+            f.memory.as_deref(),
+            scope,
+        )
     }
 
     /// Every key the filter matches now, paged by the key (never by `skip`).

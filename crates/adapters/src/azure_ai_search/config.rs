@@ -7,7 +7,7 @@ use lethe_core::Object;
 use ureq::http::{HeaderName, HeaderValue};
 
 use crate::http::client::{Client, Pacing};
-use crate::registry::{parse_table, resolve};
+use crate::registry::{parse_table, read_secret};
 
 use super::adapter::{AzureAiSearch, Fields, Settle, MAX_ACTIONS};
 
@@ -159,15 +159,7 @@ impl Config {
         if names.len() != 3 + usize::from(fields.memory.is_some()) {
             return Err("key_field, fields.tenant, fields.subject and memory must be different fields".into());
         }
-        let p = resolve(base, &raw.api_key_file);
-        let api_key = lethe_postgres::read_password_file(&p)
-            .map_err(|e| format!("api_key_file {}: {e}", p.display()))?;
-        if !api_key.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
-                "api_key_file {}: the key must be visible ASCII on one line",
-                p.display()
-            ));
-        }
+        let api_key = read_secret(base, &raw.api_key_file, "api_key_file")?;
         let batch = raw.batch_size.unwrap_or(MAX_ACTIONS);
         if batch == 0 || batch > MAX_ACTIONS {
             return Err(format!(

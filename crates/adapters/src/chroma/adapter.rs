@@ -265,24 +265,14 @@ impl Chroma {
     /// Whether a document's metadata carries the scope: each key's value a string equal, byte
     /// for byte, to the scope's identifier.
     fn carries(&self, meta: &Value, scope: &Scope) -> bool {
-        let is = |k: &str, want: &str| meta.get(k).and_then(Value::as_str) == Some(want);
         let k = &self.keys;
-        match scope {
-            Scope::Tenant { tenant } => is(&k.tenant, tenant.as_str()),
-            Scope::Subject { tenant, subject } => {
-                is(&k.tenant, tenant.as_str()) && is(&k.subject, subject.as_str())
-            }
-            Scope::Memory {
-                tenant,
-                subject,
-                memory,
-                ..
-            } => {
-                is(&k.tenant, tenant.as_str())
-                    && is(&k.subject, subject.as_str())
-                    && k.memory.as_deref().is_none_or(|mk| is(mk, memory.as_str()))
-            }
-        }
+        crate::carries(
+            |f| meta.get(f).and_then(Value::as_str),
+            &k.tenant,
+            &k.subject,
+            k.memory.as_deref(),
+            scope,
+        )
     }
 
     /// Of `ids`, those that exist, and of those the ones whose metadata carries `scope`; by

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lethe_core::Object;
 
-use crate::registry::{parse_table, resolve};
+use crate::registry::{parse_table, read_secret, resolve};
 
 use super::adapter::{Chroma, Keys};
 
@@ -114,21 +114,10 @@ impl Config {
         if keys.tenant == keys.subject || keys.memory.as_ref().is_some_and(|k| *k == keys.tenant || *k == keys.subject) {
             return Err("metadata.tenant, metadata.subject and memory must be three different keys".into());
         }
-        let token = match raw.api_key_file {
-            Some(p) => {
-                let p = resolve(base, &p);
-                let t = lethe_postgres::read_password_file(&p)
-                    .map_err(|e| format!("api_key_file {}: {e}", p.display()))?;
-                if t.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
-                    return Err(format!(
-                        "api_key_file {}: the token must be printable ASCII without spaces",
-                        p.display()
-                    ));
-                }
-                Some(t)
-            }
-            None => None,
-        };
+        let token = raw
+            .api_key_file
+            .map(|p| read_secret(base, &p, "api_key_file"))
+            .transpose()?;
         let batch = raw.batch_size.unwrap_or(1_000);
         if batch == 0 || batch > MAX_BATCH {
             return Err(format!("batch_size must be between 1 and {MAX_BATCH}"));

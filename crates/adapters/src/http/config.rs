@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lethe_core::Object;
 
-use crate::registry::{parse_table, resolve};
+use crate::registry::{parse_table, read_secret};
 
 use super::adapter::{Erase, Http, Locate, Status};
 use super::client::{Client, Pacing};
@@ -312,19 +312,9 @@ fn raw_place(t: &Template) -> String {
 
 /// The bearer token from `token_file`, if one is given: visible ASCII on one line.
 fn read_token(token_file: Option<&Path>, base_dir: &Path) -> Result<Option<String>, String> {
-    let Some(p) = token_file else {
-        return Ok(None);
-    };
-    let p = resolve(base_dir, p);
-    let t = lethe_postgres::read_password_file(&p)
-        .map_err(|e| format!("token_file {}: {e}", p.display()))?;
-    if !t.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "token_file {}: the token must be visible ASCII on one line",
-            p.display()
-        ));
-    }
-    Ok(Some(t))
+    token_file
+        .map(|p| read_secret(base_dir, p, "token_file"))
+        .transpose()
 }
 
 /// The literal `headers`: no header Lethe sets itself, no placeholder.

@@ -237,13 +237,14 @@ impl Phoenix {
             .and_then(Value::as_str)
             .and_then(|s| serde_json::from_str::<Value>(s).ok())
             .filter(Value::is_object);
-        let is = |k: &str, want: &str| Self::meta(attrs, &parsed, k) == Some(want);
-        match scope {
-            Scope::Tenant { tenant } => is(&self.keys.tenant, tenant.as_str()),
-            Scope::Subject { tenant, subject } | Scope::Memory { tenant, subject, .. } => {
-                is(&self.keys.tenant, tenant.as_str()) && is(&self.keys.subject, subject.as_str())
-            }
-        }
+        // Spans name no memory: a memory scope is exempt before this is asked.
+        crate::carries(
+            |k| Self::meta(attrs, &parsed, k),
+            &self.keys.tenant,
+            &self.keys.subject,
+            None,
+            scope,
+        )
     }
 
     /// Every span of the project (or of `traces` only), in insertion order, paged by Phoenix's

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lethe_core::Object;
 
-use crate::registry::{parse_table, resolve};
+use crate::registry::{parse_table, read_secret, resolve};
 
 use super::adapter::{Keys, Phoenix};
 
@@ -91,21 +91,10 @@ impl Config {
         if keys.tenant == keys.subject {
             return Err("metadata.tenant and metadata.subject must be two different keys".into());
         }
-        let token = match raw.api_key_file {
-            Some(p) => {
-                let p = resolve(base, &p);
-                let t = lethe_postgres::read_password_file(&p)
-                    .map_err(|e| format!("api_key_file {}: {e}", p.display()))?;
-                if t.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
-                    return Err(format!(
-                        "api_key_file {}: the key must be printable ASCII without spaces",
-                        p.display()
-                    ));
-                }
-                Some(t)
-            }
-            None => None,
-        };
+        let token = raw
+            .api_key_file
+            .map(|p| read_secret(base, &p, "api_key_file"))
+            .transpose()?;
         let batch = raw.batch_size.unwrap_or(500);
         if batch == 0 || batch > MAX_BATCH {
             return Err(format!("batch_size must be between 1 and {MAX_BATCH}"));
