@@ -8,6 +8,7 @@
 //! What this crate is not: the job runner. It never journals, never decides a job's state,
 //! and never sees more than one target at a time. The engine drives it.
 
+mod backup;
 pub mod conformance;
 pub mod guard;
 mod langgraph;
@@ -143,6 +144,8 @@ kinds! {
     Phoenix = "phoenix", phoenix, &["trace"];
     /// An Azure AI Search index (REST API): documents found by OData filter, deleted by key.
     AzureAiSearch = "azure-ai-search", azure_ai_search, SEARCH;
+    /// A folder of backup artifacts (dumps, RDB files, copies): pending their expiry.
+    BackupFiles = "backup-files", backup_files, &["backup"];
 }
 
 impl std::fmt::Display for Kind {
@@ -210,6 +213,7 @@ pub(crate) fn carries<'v>(
     }
 }
 
+pub use backup::Artifact;
 pub use guard::{Fence, Guard, GuardStatus};
 pub use postgres_guard::VERSION as GUARD_VERSION;
 pub use registry::{build, Target, TargetConfigError};
@@ -479,6 +483,17 @@ pub trait Adapter: Send + Sync {
     /// [`Adapter::takes_lineage`]; the default finds nothing.
     fn artifact(&self, _scope: &Scope, _locator: &str) -> Result<Option<Locator>, AdapterError> {
         Ok(None)
+    }
+
+    /// For a backup target: its artifacts as they stand now, each with when it was taken and
+    /// when its retention ends. `None` (the default): not a backup. Read-only.
+    fn backups(&self) -> Result<Option<Vec<Artifact>>, AdapterError> {
+        Ok(None)
+    }
+
+    /// For a backup target: the targets whose data its artifacts hold (`covers`).
+    fn covers(&self) -> &[String] {
+        &[]
     }
 
     /// The store's database guard, where its kind has one (LangGraph on PostgreSQL): the sink

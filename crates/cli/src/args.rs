@@ -192,6 +192,23 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
         #[command(subcommand)]
         command: HoldCommand,
     },
+    /// Backup targets: artifacts kept past their retention, the jobs still waiting on their
+    /// backups, and the final certificates of those that no longer wait.
+    #[command(
+        after_help = "An erasure cannot rewrite a backup: a backup target (kind backup-files or
+backup-s3) is PENDING_EXPIRY on a job's certificate until the last artifact taken
+before the job completed expires. Run `lethe backups check` daily (cron, a timer):
+once every artifact a job waited for is deleted, it issues the job's final
+certificate (same job id, backup_expiry_met, signed again; the first one is kept).
+
+Examples:
+  lethe backups check
+  lethe backups check --json | jq '.waiting'"
+    )]
+    Backups {
+        #[command(subcommand)]
+        command: BackupsCommand,
+    },
     /// Check the journal's hash chain.
     Journal {
         #[command(subcommand)]
@@ -309,6 +326,19 @@ pub enum JobCommand {
     },
 }
 
+/// `lethe backups ...`
+#[derive(Subcommand, Debug)]
+pub enum BackupsCommand {
+    /// List every backup target's artifacts and those kept past their retention (exit 1 if
+    /// any), the jobs still waiting on backups, and issue the final certificate of each job
+    /// that no longer waits.
+    Check {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// Certificate output formats.
 #[derive(ValueEnum, Clone, Copy, Debug)]
 pub enum CertFormat {
@@ -329,6 +359,10 @@ pub enum CertificateCommand {
         /// Output format.
         #[arg(long, value_enum, default_value = "json")]
         format: CertFormat,
+        /// The certificate issued at completion, even when a final one (issued once the job's
+        /// backups expired) replaced it.
+        #[arg(long)]
+        first: bool,
     },
     /// Verify a certificate file's signature offline; with --tenant/--subject also check it is
     /// for that scope (needs the deployment key, to recompute the keyed hash).

@@ -133,6 +133,11 @@ pub fn certificate_markdown(c: &Value) -> String {
         "| backup expiry | {} |\n",
         c["backup_expiry"].as_str().unwrap_or("none registered")
     ));
+    if let Some(met) = c["backup_expiry_met"].as_str() {
+        out.push_str(&format!(
+            "| backups expired | {met}: every backup artifact taken before completion is gone (final certificate) |\n"
+        ));
+    }
     out.push_str("\n| target | status | count | class | adapter |\n|---|---|---|---|---|\n");
     if let Some(ts) = c["targets"].as_object() {
         for (name, t) in ts {
@@ -141,8 +146,13 @@ pub fn certificate_markdown(c: &Value) -> String {
                 Some(r) => format!("{status} ({r})"),
                 None => status.to_string(),
             };
-            if let Some(e) = t["expires"].as_str() {
-                status.push_str(&format!(" until {e}"));
+            match (t["expires"].as_str(), t["artifacts"].as_u64()) {
+                (Some(e), Some(n)) if status == "PENDING_EXPIRY" => status.push_str(&format!(
+                    " until {e}: {n} backup artifact(s) taken before completion"
+                )),
+                (Some(e), Some(_)) => status.push_str(&format!(" (its backups expired by {e})")),
+                (Some(e), None) => status.push_str(&format!(" until {e}")),
+                _ => {}
             }
             match (
                 t["legacy"]["policy"].as_str(),

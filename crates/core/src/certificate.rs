@@ -54,6 +54,10 @@ pub struct TargetRecord {
     /// When a `PENDING_EXPIRY` target's last copy expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<Date>,
+    /// For a backup target: how many of its artifacts were taken before completion and may
+    /// hold the scope's data (each kept until its retention ends; `expires` is the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<u64>,
     /// For a derived store (a node cache): what was done with entries no lineage ties to any
     /// subject, which the target's `legacy` setting allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -179,6 +183,11 @@ pub struct Certificate {
     /// When the last backup copy expires, if any target is pending expiry.
     #[serde(default)]
     pub backup_expiry: Option<Date>,
+    /// On a job's final certificate only: when `lethe backups check` found every backup
+    /// artifact the job waited for gone (RFC 3339, UTC). Its backup targets then say `DONE`; the
+    /// first certificate, with their `PENDING_EXPIRY`, is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_expiry_met: Option<String>,
     /// Stores the deployment declared but no target erases, by name, with the reason: what
     /// this certificate does not cover.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -237,7 +246,7 @@ pub fn key_name(k: &VerifyingKey) -> String {
 
 /// The keys a certificate has (its own and its target lines'), the only ones a message about
 /// its shape may name.
-const CERTIFICATE_KEYS: [&str; 30] = [
+const CERTIFICATE_KEYS: [&str; 32] = [
     "format",
     "job_id",
     "scope",
@@ -268,6 +277,8 @@ const CERTIFICATE_KEYS: [&str; 30] = [
     "residue",
     "remedy",
     "checked_at",
+    "artifacts",
+    "backup_expiry_met",
 ];
 
 /// Refuses a document in which an object names a key twice. A JSON parser keeps one of the
@@ -424,6 +435,7 @@ mod tests {
                 error_codes: vec![],
                 reason: None,
                 expires: None,
+                artifacts: None,
                 legacy: None,
                 physical: None,
             },
@@ -442,6 +454,7 @@ mod tests {
             deadline: date!(2027 - 01 - 02),
             targets,
             backup_expiry: None,
+            backup_expiry_met: None,
             exempt_assets: BTreeMap::new(),
             signed_by: String::new(),
         }

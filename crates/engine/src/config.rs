@@ -254,6 +254,33 @@ fn check_files(
     Ok(())
 }
 
+/// Refuses a backup target whose `covers` names no target, or another backup target (a backup
+/// of backups is governed by its own retention: give it its own backup target).
+fn check_covers(targets: &[lethe_adapters::Target]) -> Result<(), String> {
+    for t in targets {
+        for c in t.adapter.covers() {
+            match targets.iter().find(|o| &o.name == c) {
+                None => {
+                    return Err(format!(
+                        "target {} covers `{c}`, which is not a target of this file; \
+                         covers names the targets whose data the backups hold",
+                        t.name
+                    ))
+                }
+                Some(o) if !o.adapter.covers().is_empty() => {
+                    return Err(format!(
+                        "target {} covers {c}, which is itself a backup target: covers names \
+                         the stores a backup copies",
+                        t.name
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Validates the `[[asset]]` tables; `names` holds the targets' names, and gets the assets'.
 fn parse_assets(
     raw: Vec<Object<RawAsset>>,
@@ -392,6 +419,7 @@ impl Config {
             ));
         }
         check_files(&journal, base, &targets).map_err(invalid)?;
+        check_covers(&targets).map_err(invalid)?;
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let serve = match raw.serve.map(Object::into_inner) {
             None => Serve {

@@ -8,6 +8,7 @@
 //! The engine is the only place that does I/O across stores; the state machine itself is the
 //! pure [`lethe_core::state::transition`], applied inside the journal's transactions.
 
+mod backups;
 pub mod config;
 pub mod keyfile;
 mod run;
@@ -22,6 +23,7 @@ use lethe_core::keys::DeploymentKey;
 use lethe_core::{Basis, BlockedReason, JobState, Scope};
 use lethe_journal::Journal;
 
+pub use backups::{BackupTarget, BackupsReport, Overdue, Waiting};
 pub use config::Config;
 pub use run::Progress;
 

@@ -314,7 +314,10 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
                     // (`completed` itself, with the certificate, follows the verification
                     // that made the job COMPLETE.)
                     if states.get(job) == Some(&JobState::Complete)
-                        && !matches!(entry, Entry::Completed { .. })
+                        && !matches!(
+                            entry,
+                            Entry::Completed { .. } | Entry::BackupsExpired { .. }
+                        )
                     {
                         problems.push(format!(
                             "entry {seq}: job {job} has an entry ({kind}) after it completed",
@@ -336,6 +339,13 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
                             "entry {seq}: job {job} was never requested",
                             job = shown_id(job)
                         )),
+                    }
+                } else if let (Some(job), Entry::BackupsExpired { .. }) = (&job, &entry) {
+                    if states.get(job) != Some(&JobState::Complete) {
+                        problems.push(format!(
+                            "entry {seq}: job {job}'s backups expired before it completed",
+                            job = shown_id(job)
+                        ));
                     }
                 } else if let (Some(job), Entry::Completed { .. }) = (&job, &entry) {
                     if states.get(job) != Some(&JobState::Complete) {
@@ -378,6 +388,8 @@ struct Facts {
     fence: Option<(Option<u64>, Option<u64>, Option<String>)>,
     inventoried: BTreeMap<String, u64>,
     certificate_sha256: Option<String>,
+    /// The final certificate's digest, once the job's backups expired.
+    final_sha256: Option<String>,
     /// The state the job's entries lead to.
     state: Option<JobState>,
     /// Per target: locators inventoried first, whether the inventory was extended since, and
@@ -441,6 +453,9 @@ impl Facts {
             Entry::Completed { certificate_sha256 } => {
                 self.certificate_sha256 = Some(certificate_sha256.clone())
             }
+            Entry::BackupsExpired { certificate_sha256 } => {
+                self.final_sha256 = Some(certificate_sha256.clone())
+            }
             _ => {}
         }
     }
@@ -502,6 +517,22 @@ fn projection_problems(tx: &mut dyn Tx, job: &str, f: &Facts) -> Result<Vec<Stri
             .unwrap_or_default()
     });
     differs("certificate", stored == f.certificate_sha256);
+    let final_stored = tx
+        .row(
+            "SELECT certificate FROM final_certificates WHERE job_id = $1",
+            &[job.into()],
+        )
+        .map_err(db)?
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(&r[0].text())
+                .map(|v| {
+                    hex::encode(Sha256::digest(
+                        lethe_core::certificate::canonical_json(&v).as_bytes(),
+                    ))
+                })
+                .unwrap_or_default()
+        });
+    differs("final certificate", final_stored == f.final_sha256);
     // The state the runner acts on (review: an edited state was run, and signed).
     differs("state", f.state.is_none_or(|s| s.as_str() == r[10].text()));
     // A target marked erased whose batches the chain does not hold (review: an erased mark set

@@ -125,6 +125,13 @@ pub enum Entry {
         /// SHA-256 of the signed certificate's canonical JSON.
         certificate_sha256: String,
     },
+    /// Every backup artifact a COMPLETE job's certificate waited for is gone (`lethe backups
+    /// check`): the job's final certificate was issued. The only entry a job has after
+    /// `completed`.
+    BackupsExpired {
+        /// SHA-256 of the final certificate's canonical JSON.
+        certificate_sha256: String,
+    },
     /// A legal hold was placed.
     HoldAdded {
         /// Its id.

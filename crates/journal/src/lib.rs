@@ -20,6 +20,7 @@
 //! frozen inventory (thread ids, store keys); at completion those are dropped and only their
 //! keyed digest remains in the chain.
 
+mod backups;
 pub mod chain;
 mod db;
 mod entry;

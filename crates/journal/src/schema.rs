@@ -15,8 +15,11 @@ use crate::db::{Tx, V};
 /// 6: `lineage`, the edges runtimes record from a derived artifact to the memories it came from;
 /// a version-5 process would erase without following them, so it must not open a version-6
 /// store.
+/// 9: `final_certificates`, a job's certificate reissued once its backups expired, and the
+/// `backups_expired` entry after `completed`, which an older `journal verify` reports as
+/// tampering.
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
-const VERSION: i64 = 6;
+const VERSION: i64 = 9;
 
 /// Which SQL spelling of integer columns to use.
 #[derive(Clone, Copy)]
@@ -107,6 +110,13 @@ CREATE TABLE IF NOT EXISTS tombstones (
     version   TEXT NOT NULL,
     job_id    TEXT NOT NULL,
     PRIMARY KEY (tenant, subject, memory_id, version)
+);
+-- A COMPLETE job's final certificate, issued when every backup artifact it waited for is
+-- gone; the first one stays in jobs.certificate.
+CREATE TABLE IF NOT EXISTS final_certificates (
+    job_id      TEXT PRIMARY KEY,
+    certificate TEXT NOT NULL,
+    issued_at   TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS fences (
     job_id  TEXT PRIMARY KEY,

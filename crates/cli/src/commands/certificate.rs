@@ -16,7 +16,11 @@ use crate::scope_input::{parse_scope, read_scope_file, Origin, ScopeIds};
 /// Shows a job's certificate, or checks a certificate file's signature (and its scope).
 pub(crate) fn run(config: &Path, command: CertificateCommand) -> Result<i32, Exit> {
     match command {
-        CertificateCommand::Show { job_id, format } => {
+        CertificateCommand::Show {
+            job_id,
+            format,
+            first,
+        } => {
             let engine = open_engine(config)?;
             let o = engine
                 .outcome(&job_id)
@@ -26,6 +30,14 @@ pub(crate) fn run(config: &Path, command: CertificateCommand) -> Result<i32, Exi
                     "job {job_id} is {} and has no certificate yet",
                     o.state
                 )));
+            };
+            // The final one, once the job's backups expired, unless the first is asked for.
+            let cert = match first {
+                true => cert,
+                false => engine
+                    .final_certificate(&job_id)
+                    .map_err(|e| Exit(1, e.into()))?
+                    .unwrap_or(cert),
             };
             match format {
                 CertFormat::Json => print_json(&cert),

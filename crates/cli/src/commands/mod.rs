@@ -1,6 +1,7 @@
 //! One module a command (or a group of them); this one routes a parsed command line to it,
 //! prints a failure, and opens the engine for the commands that need it.
 
+mod backups;
 mod certificate;
 mod demo;
 mod erase;
@@ -12,7 +13,7 @@ mod scope;
 mod serve;
 mod targets;
 
-use crate::args::{Args, Command, JobCommand, JournalCommand};
+use crate::args::{Args, BackupsCommand, Command, JobCommand, JournalCommand};
 use crate::exit::Exit;
 
 /// Runs a command; returns the exit code.
@@ -58,6 +59,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             command: JobCommand::Show { job_id, json },
         } => jobs::show(&config, job_id, json),
         Command::Certificate { command } => certificate::run(&config, command),
+        Command::Backups {
+            command: BackupsCommand::Check { json },
+        } => backups::check(&config, json),
         Command::Hold { command } => hold::run(&config, command),
         Command::Guard { command } => guard::run(&config, command),
         Command::Journal {

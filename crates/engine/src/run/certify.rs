@@ -25,7 +25,7 @@ impl Engine {
     }
 
     /// Writes `certificates/JOB.json` whole (a temporary file renamed over it).
-    pub(super) fn write_certificate(
+    pub(crate) fn write_certificate(
         &self,
         job_id: &str,
         signed: &impl serde::Serialize,

@@ -406,7 +406,14 @@ impl Run<'_> {
                     )
                 }
             };
-            let status = match settled.expires {
+            // A backup target: what its artifacts taken until now may still hold.
+            let pending = match t.adapter.backups() {
+                Ok(None) => None,
+                Ok(Some(list)) => Some(crate::backups::Pending::at(&list, self.clock.now())),
+                Err(e) => return self.block_on(&job.job_id, &t.name, e),
+            };
+            let expires = pending.as_ref().and_then(|p| p.expires).or(settled.expires);
+            let status = match expires {
                 Some(_) => TargetStatus::PendingExpiry,
                 None => status,
             };
@@ -421,7 +428,8 @@ impl Run<'_> {
                     adapter_version: d.version.to_string(),
                     error_codes: self.error_codes(&job.job_id, &t.name)?,
                     reason,
-                    expires: settled.expires,
+                    expires,
+                    artifacts: pending.map(|p| p.artifacts),
                     legacy: settled.legacy.map(|(policy, count)| LegacyRecord {
                         policy: policy.to_string(),
                         count,
@@ -459,6 +467,7 @@ impl Run<'_> {
             )
             .map_err(|_| lethe_journal::JournalError::Corrupt("deadline".into()))?,
             backup_expiry: records.values().filter_map(|r| r.expires).max(),
+            backup_expiry_met: None,
             exempt_assets: self
                 .assets
                 .iter()
