@@ -159,6 +159,35 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
         #[arg(long)]
         json: bool,
     },
+    /// After a store was restored from a backup: replay into it every erasure the journal
+    /// completed (since the backup's time), verify each scope clean, and sign a report.
+    #[command(
+        after_help = "A restore must never bring an erased person back. Before the restored store
+serves a business read, run this for its target (as the config names it, pointing
+at the restored store). Until it has verified, the gate refuses leases and permits
+for every replayed scope (runtimes get `fenced`), and a database guard installed in
+the restored database refuses their writes. A memory-scope erasure replays its
+tombstoned version. A run that was killed is simply run again: the fences stay
+closed until a run verifies. The signed report (counts per scope hash, no
+identifier) is written to the certificates folder as RECOVERY_ID.json and checks
+with `lethe certificate verify`.
+
+Examples:
+  lethe recovery --target checkpoints --since 2026-12-01T02:00:00Z
+  lethe recovery --target cache --json"
+    )]
+    Recovery {
+        /// The restored store's target.
+        #[arg(long)]
+        target: String,
+        /// The backup's time (RFC 3339, or a date for its midnight UTC): erasures completed
+        /// since then are replayed. Without it, every completed erasure is.
+        #[arg(long, value_parser = since_time)]
+        since: Option<time::OffsetDateTime>,
+        /// Print the signed report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the jobs other processes left unfinished (killed mid-job): with a PostgreSQL journal,
     /// each is claimed FOR UPDATE SKIP LOCKED, so several `lethe work` share them safely.
     Work {
@@ -455,6 +484,22 @@ fn job_id(s: &str) -> Result<String, String> {
     } else {
         Err("not a job id: `lethe jobs` lists them (del- and hex)".into())
     }
+}
+
+/// `--since`: an RFC 3339 time, or a date (its midnight, UTC).
+fn since_time(s: &str) -> Result<time::OffsetDateTime, String> {
+    use time::format_description::well_known::Rfc3339;
+    if let Ok(t) = time::OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(t);
+    }
+    time::Date::parse(
+        s,
+        &time::macros::format_description!("[year]-[month]-[day]"),
+    )
+    .map(|d| d.midnight().assume_utc())
+    .map_err(|_| {
+        "give the backup's time as RFC 3339 (2026-12-01T02:00:00Z) or a date (2026-12-01)".into()
+    })
 }
 
 #[cfg(test)]

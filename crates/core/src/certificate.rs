@@ -345,69 +345,91 @@ pub fn refuse_duplicate_keys(text: &str) -> Result<(), CertificateError> {
         .map_err(|e| CertificateError::Malformed(crate::redact_quoted(&e.to_string())))
 }
 
+/// Signs a document Lethe issues (a certificate, a recovery report): sets its `signed_by` and
+/// adds `signature`, Ed25519 over its canonical JSON without that field.
+pub fn sign_document(mut doc: Value, key: &DeploymentKey) -> Value {
+    let signing = key.signing_key();
+    doc["signed_by"] = Value::String(key_name(&signing.verifying_key()));
+    let sig = signing.sign(canonical_json(&doc).as_bytes());
+    doc["signature"] = Value::String(format!("ed25519:{}", hex::encode(sig.to_bytes())));
+    doc
+}
+
+/// Checks a signed document's `signed_by` and `signature` against the trusted public key;
+/// returns the document without its signature. Its shape is the caller's to check.
+pub fn verify_document(doc: &Value, trusted: &VerifyingKey) -> Result<Value, CertificateError> {
+    let mut unsigned = doc.clone();
+    let sig = unsigned
+        .as_object_mut()
+        .and_then(|m| m.remove("signature"))
+        .and_then(|s| s.as_str().map(str::to_owned))
+        .ok_or_else(|| CertificateError::Malformed("no signature field".into()))?;
+    // The messages below quote nothing from the document but a well-formed key name: a
+    // tampered or foreign file's values could be anything, identifiers included (review).
+    let signed_by = unsigned["signed_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let trusted_name = key_name(trusted);
+    if signed_by != trusted_name {
+        let well_formed = signed_by.strip_prefix("ed25519:").is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        return Err(CertificateError::WrongKey {
+            found: if well_formed {
+                signed_by
+            } else {
+                "a key name that is not ed25519:<64 hex> (not shown)".into()
+            },
+            trusted: trusted_name,
+        });
+    }
+    let mut bytes = [0u8; 64];
+    sig.strip_prefix("ed25519:")
+        .and_then(|h| hex::decode_to_slice(h, &mut bytes).ok())
+        .ok_or_else(|| CertificateError::Malformed("signature is not ed25519:<128 hex>".into()))?;
+    if trusted.is_weak() {
+        // A small-order key: some signature verifies for any content under it.
+        return Err(CertificateError::Malformed(
+            "the trusted key is a weak (small-order) Ed25519 key".into(),
+        ));
+    }
+    // Strict: no small-order R, no non-canonical S (RFC 8032 as written, not a variant).
+    trusted
+        .verify_strict(
+            canonical_json(&unsigned).as_bytes(),
+            &Signature::from_bytes(&bytes),
+        )
+        .map_err(|_| CertificateError::BadSignature)?;
+    Ok(unsigned)
+}
+
 impl Certificate {
     /// Signs the certificate; returns the signed JSON document.
-    pub fn sign(mut self, key: &DeploymentKey) -> Value {
-        let signing = key.signing_key();
-        self.signed_by = key_name(&signing.verifying_key());
-        let mut doc = serde_json::to_value(&self).expect("a certificate always serializes");
-        let sig = signing.sign(canonical_json(&doc).as_bytes());
-        doc["signature"] = Value::String(format!("ed25519:{}", hex::encode(sig.to_bytes())));
-        doc
+    pub fn sign(self, key: &DeploymentKey) -> Value {
+        sign_document(
+            serde_json::to_value(&self).expect("a certificate always serializes"),
+            key,
+        )
     }
 
     /// Checks a signed document against the trusted public key and returns its content.
     pub fn verify(doc: &Value, trusted: &VerifyingKey) -> Result<Certificate, CertificateError> {
         let mut unsigned = doc.clone();
-        let sig = unsigned
+        unsigned
             .as_object_mut()
             .and_then(|m| m.remove("signature"))
-            .and_then(|s| s.as_str().map(str::to_owned))
             .ok_or_else(|| CertificateError::Malformed("no signature field".into()))?;
-        // The messages below quote nothing from the document but a well-formed key name: a
-        // tampered or foreign file's values could be anything, identifiers included (review).
-        let cert: Certificate = serde_json::from_value(unsigned.clone())
+        let cert: Certificate = serde_json::from_value(unsigned)
             .map_err(|e| CertificateError::Malformed(crate::redact_quoted(&e.to_string())))?;
         if cert.format != FORMAT {
             return Err(CertificateError::Malformed(format!(
                 "its format is not {FORMAT} (not shown)"
             )));
         }
-        let trusted_name = key_name(trusted);
-        if cert.signed_by != trusted_name {
-            let well_formed = cert.signed_by.strip_prefix("ed25519:").is_some_and(|h| {
-                h.len() == 64
-                    && h.bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            });
-            return Err(CertificateError::WrongKey {
-                found: if well_formed {
-                    cert.signed_by
-                } else {
-                    "a key name that is not ed25519:<64 hex> (not shown)".into()
-                },
-                trusted: trusted_name,
-            });
-        }
-        let mut bytes = [0u8; 64];
-        sig.strip_prefix("ed25519:")
-            .and_then(|h| hex::decode_to_slice(h, &mut bytes).ok())
-            .ok_or_else(|| {
-                CertificateError::Malformed("signature is not ed25519:<128 hex>".into())
-            })?;
-        if trusted.is_weak() {
-            // A small-order key: some signature verifies for any content under it.
-            return Err(CertificateError::Malformed(
-                "the trusted key is a weak (small-order) Ed25519 key".into(),
-            ));
-        }
-        // Strict: no small-order R, no non-canonical S (RFC 8032 as written, not a variant).
-        trusted
-            .verify_strict(
-                canonical_json(&unsigned).as_bytes(),
-                &Signature::from_bytes(&bytes),
-            )
-            .map_err(|_| CertificateError::BadSignature)?;
+        verify_document(doc, trusted)?;
         Ok(cert)
     }
 

@@ -11,6 +11,7 @@
 mod backups;
 pub mod config;
 pub mod keyfile;
+mod recovery;
 mod run;
 
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use lethe_journal::Journal;
 
 pub use backups::{BackupTarget, BackupsReport, Overdue, Waiting};
 pub use config::Config;
+pub use recovery::{RecoveryOptions, RecoveryProgress, REPORT_FORMAT};
 pub use run::Progress;
 
 /// Engine errors. None carries an identifier, and none a caller's wording: a field of the
@@ -369,6 +371,11 @@ impl Engine {
     /// The journal, for listings and the gate's library API.
     pub fn journal(&self) -> &Journal {
         &self.journal
+    }
+
+    /// The folder certificates and recovery reports are written to.
+    pub fn certificates_dir(&self) -> &std::path::Path {
+        &self.certificates
     }
 
     /// Installs (once) and returns the in-process gate, for agent runtimes running in this

@@ -132,6 +132,31 @@ pub enum Entry {
         /// SHA-256 of the final certificate's canonical JSON.
         certificate_sha256: String,
     },
+    /// `lethe recovery` began replaying completed erasures into a restored target: the gate's
+    /// fences for every replayed scope closed in the same transaction.
+    RecoveryStarted {
+        /// The recovery's id (`rcv-` and hex).
+        recovery_id: String,
+        /// The restored target.
+        target: String,
+        /// The backup's time: erasures completed since then are replayed (RFC 3339). Absent:
+        /// every completed erasure.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+        /// How many completed jobs' scopes are replayed.
+        scopes: u64,
+    },
+    /// A recovery verified every replayed scope clean in its target and opened the fences.
+    RecoveryVerified {
+        /// The recovery's id.
+        recovery_id: String,
+        /// Scopes replayed.
+        scopes: u64,
+        /// Rows (keys, documents) erased in the restored target.
+        erased: u64,
+        /// SHA-256 of the signed report's canonical JSON.
+        report_sha256: String,
+    },
     /// A legal hold was placed.
     HoldAdded {
         /// Its id.

@@ -28,6 +28,7 @@ mod gate;
 pub mod holds;
 pub mod jobs;
 pub mod lineage;
+pub mod recovery;
 mod schema;
 
 use std::collections::HashMap;

@@ -17,7 +17,8 @@ use crate::db::{Tx, V};
 /// store.
 /// 9: `final_certificates`, a job's certificate reissued once its backups expired, and the
 /// `backups_expired` entry after `completed`, which an older `journal verify` reports as
-/// tampering.
+/// tampering; `recoveries`, replays of completed erasures into restored targets, whose fences
+/// an older process would not know to keep closed.
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
 const VERSION: i64 = 9;
 
@@ -117,6 +118,17 @@ CREATE TABLE IF NOT EXISTS final_certificates (
     job_id      TEXT PRIMARY KEY,
     certificate TEXT NOT NULL,
     issued_at   TEXT NOT NULL
+);
+-- Replays of completed erasures into a restored target (`lethe recovery`). While one is
+-- RUNNING, its fences (job_id `<recovery_id>:<n>`) keep every replayed scope closed.
+CREATE TABLE IF NOT EXISTS recoveries (
+    recovery_id TEXT PRIMARY KEY,
+    target      TEXT NOT NULL,
+    since       TEXT,
+    state       TEXT NOT NULL,
+    started_at  TEXT NOT NULL,
+    finished_at TEXT,
+    report      TEXT
 );
 CREATE TABLE IF NOT EXISTS fences (
     job_id  TEXT PRIMARY KEY,

@@ -100,6 +100,9 @@ pub(crate) fn run(config: &Path, command: CertificateCommand) -> Result<i32, Exi
                         .verifying_key()
                 }
             };
+            if doc["format"] == lethe_engine::REPORT_FORMAT {
+                return verify_recovery_report(&doc, &key, ids.is_some());
+            }
             let cert = Certificate::verify(&doc, &key).map_err(|e| Exit(1, e.into()))?;
             if let Some(ids) = ids {
                 let scope = parse_scope(&ids)?;
@@ -136,4 +139,28 @@ pub(crate) fn run(config: &Path, command: CertificateCommand) -> Result<i32, Exi
             Ok(0)
         }
     }
+}
+
+/// A recovery report (`lethe recovery`): its signature, and what it says in one line.
+fn verify_recovery_report(
+    doc: &serde_json::Value,
+    key: &ed25519_dalek::VerifyingKey,
+    scope_given: bool,
+) -> Result<i32, Exit> {
+    if scope_given {
+        return Err(bad(
+            "this is a recovery report, which covers every replayed scope by its hash: check \
+             its signature without a scope, then look for the scope's hash in its `scopes`",
+        ));
+    }
+    lethe_core::certificate::verify_document(doc, key).map_err(|e| Exit(1, e.into()))?;
+    let s = |k: &str| doc[k].as_str().unwrap_or("-").to_string();
+    outln!(
+        "Signature valid: recovery {} of target {}, {} scope(s) replayed and verified, completed {}.",
+        s("recovery_id"),
+        s("target"),
+        doc["scopes"].as_array().map_or(0, Vec::len),
+        s("completed_at")
+    );
+    Ok(0)
 }

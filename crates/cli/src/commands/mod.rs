@@ -9,6 +9,7 @@ mod guard;
 mod hold;
 mod jobs;
 mod journal;
+mod recovery;
 mod scope;
 mod serve;
 mod targets;
@@ -54,6 +55,11 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             drain_timeout,
             json,
         } => erase::work(&config, drain_timeout, json),
+        Command::Recovery {
+            target,
+            since,
+            json,
+        } => recovery::run(&config, &target, since, json),
         Command::Jobs { json } => jobs::list(&config, json),
         Command::Job {
             command: JobCommand::Show { job_id, json },

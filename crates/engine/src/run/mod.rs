@@ -178,7 +178,7 @@ impl Engine {
     }
 
     /// The scope adapters act on: a memory scope carries the version frozen in the tombstone.
-    fn frozen_scope(job: &JobRecord) -> Scope {
+    pub(crate) fn frozen_scope(job: &JobRecord) -> Scope {
         match (&job.scope, &job.tombstone_version) {
             (
                 Scope::Memory {
