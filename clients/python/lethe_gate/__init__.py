@@ -8,6 +8,8 @@ from .client import SINKS, GateClient, Lease, Permit
 from .errors import (
     BadRequest,
     Expired,
+    KeyDestroyed,
+    KeysOff,
     KeyUsed,
     Fenced,
     Forbidden,
@@ -27,6 +29,8 @@ __all__ = [
     "SINKS",
     "BadRequest",
     "Expired",
+    "KeyDestroyed",
+    "KeysOff",
     "KeyUsed",
     "Fenced",
     "Forbidden",

@@ -213,6 +213,18 @@ class GateClient:
         """Asks the gate whether a lease was revoked (one request; the stream is the fast path)."""
         return bool(self._call("GET", f"/v1/leases/{int(lease_id)}")["revoked"])
 
+    def data_key(self, lease_id: int, key_id: str | None = None) -> tuple[str, bytes, int]:
+        """The data key of the lease's subject (crypto-shredding): ``key_id`` names one to
+        decrypt with; without it, the subject's current key (made if it has none) to encrypt
+        with. Returns ``(key_id, key, expires_ms)``: keep the key no longer than
+        ``expires_ms``, the lease's expiry. Refused as the lease's permits are (``Refused``);
+        :class:`KeyDestroyed` for a key an erasure destroyed."""
+        body: dict[str, Any] = {"lease_id": int(lease_id)}
+        if key_id is not None:
+            body["key_id"] = key_id
+        r = self._call("POST", "/v1/keys", body)
+        return r["key_id"], bytes.fromhex(r["key"]), int(r["expires_ms"])
+
     # ------------------------------------------------------------------ jobs (operator)
     def start_job(
         self,

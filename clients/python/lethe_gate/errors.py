@@ -103,6 +103,19 @@ class Held(GateError):
     code = "held"
 
 
+class KeyDestroyed(GateError):
+    """The data key a ciphertext names was destroyed by an erasure: what was written under it
+    is erased and cannot be read again (HTTP 410 ``key_destroyed``)."""
+
+    code = "key_destroyed"
+
+
+class KeysOff(GateError):
+    """The deployment has no ``[keys]``: crypto-shredding is off (HTTP 404 ``keys_off``)."""
+
+    code = "keys_off"
+
+
 class Unavailable(GateError):
     """The gate could not be reached, or answered something that is not the API.
 
@@ -127,6 +140,8 @@ _BY_CODE: dict[str, type[GateError]] = {
         Forbidden,
         BadRequest,
         Held,
+        KeyDestroyed,
+        KeysOff,
         Unavailable,
     )
 }

@@ -238,6 +238,20 @@ Examples:
         #[command(subcommand)]
         command: BackupsCommand,
     },
+    /// Crypto-shredding's key material: where it lives and how much of it there is.
+    #[command(
+        after_help = "With [keys] kek_file in the config, runtimes fetch each subject's data key
+through the gate (POST /v1/keys, under a live lease) and write payloads encrypted
+with it; erasing the subject destroys its wrapped key in one journaled step, and
+every copy written under it (backups included) becomes unreadable.
+
+Example:
+  lethe keys inventory --json"
+    )]
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Check the journal's hash chain.
     Journal {
         #[command(subcommand)]
@@ -362,6 +376,19 @@ pub enum BackupsCommand {
     /// any), the jobs still waiting on backups, and issue the final certificate of each job
     /// that no longer waits.
     Check {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `lethe keys ...`
+#[derive(Subcommand, Debug)]
+pub enum KeysCommand {
+    /// Where key material lives: the key-encryption key, the wrapped data keys in the control
+    /// store (and so in its backups), runtime caches and their lifetime, the targets written
+    /// encrypted. Counts only, never a key or an identifier.
+    Inventory {
         /// Print JSON.
         #[arg(long)]
         json: bool,

@@ -283,3 +283,101 @@ fn bad_covers_touch_nothing_and_an_unreadable_backup_folder_blocks_the_job_until
     assert_eq!(out["state"], "COMPLETE");
     assert_eq!(out["certificate"]["targets"]["nightly"]["status"], "DONE");
 }
+
+/// Crypto-shredding's rules at the engine: a data key only under a live lease, the erasure
+/// destroys it (journaled, counted on the certificate) and makes a backup covering only
+/// encrypted targets SHREDDED, and a KEK that is loose or lost is refused.
+#[test]
+fn a_subject_key_is_given_only_under_a_live_lease_and_its_erasure_shreds_the_backups() {
+    let env = Env::new("\n[keys]\nkek_file = \"lethe.kek\"\nencrypted = [\"checkpoints\"]\n");
+    env.artifact("2026-12-05.dump", 1);
+    let open = || {
+        let cfg = lethe_engine::Config::load(&env.path().join("lethe.toml")).unwrap();
+        lethe_engine::Engine::open(cfg, std::sync::Arc::new(lethe_core::clock::SystemClock))
+            .unwrap()
+    };
+    let lease = |engine: &lethe_engine::Engine| {
+        engine
+            .journal()
+            .take_lease(
+                time::OffsetDateTime::now_utc(),
+                &lethe_core::Tenant::new("acme").unwrap(),
+                &lethe_core::Subject::new("alice").unwrap(),
+                &[],
+                Duration::from_secs(60),
+            )
+            .unwrap()
+            .id
+    };
+    let engine = open();
+    let l = lease(&engine);
+    let k = engine.data_key(l, None).unwrap();
+    assert!(k.key_id.starts_with("dk-"));
+    assert_eq!(
+        engine.data_key(l, None).unwrap().key,
+        k.key,
+        "one key a subject"
+    );
+    assert_eq!(engine.data_key(l, Some(&k.key_id)).unwrap().key, k.key);
+    drop(engine);
+
+    let (code, out) = env.erase("alice");
+    assert_eq!(code, 0, "{out}");
+    let cert = &out["certificate"];
+    assert_eq!(cert["keys_destroyed"], 1, "{cert}");
+    assert_eq!(cert["targets"]["nightly"]["status"], "SHREDDED");
+    assert!(cert["targets"]["nightly"]["expires"].is_string());
+
+    let engine = open();
+    // The lease the freeze revoked gets nothing; a new one cannot have the old key back.
+    assert!(matches!(
+        engine.data_key(l, Some(&k.key_id)),
+        Err(lethe_engine::keys::KeyError::Gate(
+            lethe_core::gate::GateError::Revoked
+        ))
+    ));
+    let l2 = lease(&engine);
+    assert!(matches!(
+        engine.data_key(l2, Some(&k.key_id)),
+        Err(lethe_engine::keys::KeyError::Destroyed)
+    ));
+    let fresh = engine.data_key(l2, None).unwrap();
+    assert_ne!(fresh.key_id, k.key_id);
+    assert_ne!(fresh.key, k.key);
+    let inv = engine.key_inventory().unwrap();
+    assert_eq!(inv["key_store"]["keys"], 1);
+    drop(engine);
+
+    // A KEK others can read, or one lost while wrapped keys exist, is refused.
+    let kek = env.path().join("lethe.kek");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&kek, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = env.run(&["keys", "inventory"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("readable by other users"));
+    std::fs::remove_file(&kek).unwrap();
+    let o = env.run(&["keys", "inventory"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("is missing"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!kek.exists(), "no new KEK is made over existing keys");
+}
+
+#[test]
+fn keys_naming_an_unknown_or_backup_target_is_refused() {
+    for (encrypted, says) in [
+        ("checkpoint", "not a target"),
+        ("nightly", "a backup target"),
+    ] {
+        let env = Env::new(&format!(
+            "\n[keys]\nkek_file = \"lethe.kek\"\nencrypted = [\"{encrypted}\"]\n"
+        ));
+        let o = env.run(&["keys", "inventory"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(says));
+        assert!(!env.path().join("lethe.kek").exists());
+    }
+}

@@ -188,6 +188,10 @@ pub struct Certificate {
     /// first certificate, with their `PENDING_EXPIRY`, is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_expiry_met: Option<String>,
+    /// Crypto-shredding: how many of the scope's data keys the job destroyed (a subject's one;
+    /// one per subject of a tenant). Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys_destroyed: Option<u64>,
     /// Stores the deployment declared but no target erases, by name, with the reason: what
     /// this certificate does not cover.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -246,7 +250,7 @@ pub fn key_name(k: &VerifyingKey) -> String {
 
 /// The keys a certificate has (its own and its target lines'), the only ones a message about
 /// its shape may name.
-const CERTIFICATE_KEYS: [&str; 32] = [
+const CERTIFICATE_KEYS: [&str; 33] = [
     "format",
     "job_id",
     "scope",
@@ -279,6 +283,7 @@ const CERTIFICATE_KEYS: [&str; 32] = [
     "checked_at",
     "artifacts",
     "backup_expiry_met",
+    "keys_destroyed",
 ];
 
 /// Refuses a document in which an object names a key twice. A JSON parser keeps one of the
@@ -477,6 +482,7 @@ mod tests {
             targets,
             backup_expiry: None,
             backup_expiry_met: None,
+            keys_destroyed: None,
             exempt_assets: BTreeMap::new(),
             signed_by: String::new(),
         }

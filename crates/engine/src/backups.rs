@@ -87,6 +87,20 @@ impl BackupsReport {
 }
 
 impl Engine {
+    /// Whether backup target `t`'s artifacts are made unreadable for `scope` by crypto-shredding:
+    /// every target it covers is written under subject data keys (`keys.encrypted`), and the
+    /// scope is a subject's or a tenant's, whose keys the job destroyed (a memory scope keeps
+    /// the subject's key).
+    pub(crate) fn shreds(&self, t: &Target, scope: &lethe_core::Scope) -> bool {
+        self.kek.is_some()
+            && !matches!(scope, lethe_core::Scope::Memory { .. })
+            && !t.adapter.covers().is_empty()
+            && t.adapter
+                .covers()
+                .iter()
+                .all(|c| self.encrypted.contains(c))
+    }
+
     /// `lethe backups check`: lists every backup target's artifacts, reports those kept past
     /// their retention, and for each COMPLETE job whose certificate waits on backup targets,
     /// the artifacts it still waits for; a job that waits for none any more gets its final

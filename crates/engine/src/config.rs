@@ -72,6 +72,25 @@ struct Raw {
     serve: Option<Object<RawServe>>,
     #[serde(default)]
     asset: Vec<Object<RawAsset>>,
+    keys: Option<Object<RawKeys>>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeys {
+    kek_file: PathBuf,
+    #[serde(default)]
+    encrypted: Vec<String>,
+}
+
+/// `[keys]`: crypto-shredding.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    /// The key-encryption key's file (64 hex digits, 0600; made on first use).
+    pub kek_file: PathBuf,
+    /// The targets whose payloads runtimes write under subject data keys: a backup target
+    /// covering only these is `SHREDDED` once the subject's key is destroyed.
+    pub encrypted: Vec<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -178,6 +197,8 @@ pub struct Config {
     pub assets: Vec<Asset>,
     /// `[serve]`, for `lethe serve`.
     pub serve: Serve,
+    /// `[keys]`: crypto-shredding, when configured.
+    pub keys: Option<Keys>,
 }
 
 /// A TOML error as "line L, column C: what", without the line's text (toml's own message
@@ -420,6 +441,52 @@ impl Config {
         }
         check_files(&journal, base, &targets).map_err(invalid)?;
         check_covers(&targets).map_err(invalid)?;
+        let keys = match raw.keys.map(Object::into_inner) {
+            None => None,
+            Some(k) => {
+                for name in &k.encrypted {
+                    match targets.iter().find(|t| &t.name == name) {
+                        None => {
+                            return Err(invalid(format!(
+                                "keys.encrypted names `{name}`, which is not a target of this file"
+                            )))
+                        }
+                        Some(t) if !t.adapter.covers().is_empty() => {
+                            return Err(invalid(format!(
+                                "keys.encrypted names {name}, a backup target: name the stores \
+                                 whose payloads are written encrypted"
+                            )))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let kek_file = if k.kek_file.is_absolute() {
+                    k.kek_file
+                } else {
+                    base.join(k.kek_file)
+                };
+                if same_file(&kek_file)
+                    == same_file(&{
+                        let k = c.key_file.clone().unwrap_or_else(|| "lethe.key".into());
+                        if k.is_absolute() {
+                            k
+                        } else {
+                            base.join(k)
+                        }
+                    })
+                {
+                    return Err(invalid(
+                        "keys.kek_file is the deployment key's file (control.key_file): give \
+                         the key-encryption key its own file"
+                            .into(),
+                    ));
+                }
+                Some(Keys {
+                    kek_file,
+                    encrypted: k.encrypted,
+                })
+            }
+        };
         let resolve = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let serve = match raw.serve.map(Object::into_inner) {
             None => Serve {
@@ -468,6 +535,7 @@ impl Config {
             targets,
             assets,
             serve,
+            keys,
         })
     }
 }

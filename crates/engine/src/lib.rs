@@ -11,6 +11,7 @@
 mod backups;
 pub mod config;
 pub mod keyfile;
+pub mod keys;
 mod recovery;
 mod run;
 
@@ -185,6 +186,10 @@ pub struct Engine {
     probed: std::sync::Mutex<Option<Vec<Result<(), AdapterError>>>>,
     /// Whether the journal records this key (else the next request binds it).
     key_bound: std::sync::atomic::AtomicBool,
+    /// Crypto-shredding's key-encryption key (`[keys]`); `None`: off.
+    kek: Option<Box<dyn keys::Kek>>,
+    /// The targets whose payloads runtimes write under subject data keys (`keys.encrypted`).
+    encrypted: Vec<String>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -305,7 +310,24 @@ impl Engine {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, EngineError> {
         let (key, bound) = Self::journal_key(&config.key_file, &journal)?;
+        let kek: Option<Box<dyn keys::Kek>> = match &config.keys {
+            None => None,
+            Some(k) => {
+                // A new KEK over wrapped keys would shred every subject at once.
+                if !k.kek_file.exists() && journal.data_key_count()? > 0 {
+                    return Err(input(format!(
+                        "keys.kek_file {} is missing, but the control store holds data keys \
+                         wrapped by it: restore the file from your backup (a new key-encryption \
+                         key would make every subject's encrypted data unreadable)",
+                        k.kek_file.display()
+                    )));
+                }
+                Some(Box::new(keys::FileKek::load_or_create(&k.kek_file)?))
+            }
+        };
         Ok(Self {
+            kek,
+            encrypted: config.keys.map(|k| k.encrypted).unwrap_or_default(),
             journal,
             targets: config.targets,
             assets: config.assets,

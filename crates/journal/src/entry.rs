@@ -157,6 +157,12 @@ pub enum Entry {
         /// SHA-256 of the signed report's canonical JSON.
         report_sha256: String,
     },
+    /// The job destroyed the scope's wrapped data keys (crypto-shredding): every copy written
+    /// under them, backups included, is unreadable from this entry on.
+    KeysDestroyed {
+        /// How many keys (a subject's one; a tenant's, one per subject).
+        count: u64,
+    },
     /// A legal hold was placed.
     HoldAdded {
         /// Its id.

@@ -27,6 +27,7 @@ mod entry;
 mod gate;
 pub mod holds;
 pub mod jobs;
+pub mod keys;
 pub mod lineage;
 pub mod recovery;
 mod schema;

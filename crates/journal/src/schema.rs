@@ -18,7 +18,8 @@ use crate::db::{Tx, V};
 /// 9: `final_certificates`, a job's certificate reissued once its backups expired, and the
 /// `backups_expired` entry after `completed`, which an older `journal verify` reports as
 /// tampering; `recoveries`, replays of completed erasures into restored targets, whose fences
-/// an older process would not know to keep closed.
+/// an older process would not know to keep closed; `subject_keys`, the wrapped per-subject data
+/// keys of crypto-shredding, which an older process would leave when it erases.
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
 const VERSION: i64 = 9;
 
@@ -129,6 +130,17 @@ CREATE TABLE IF NOT EXISTS recoveries (
     started_at  TEXT NOT NULL,
     finished_at TEXT,
     report      TEXT
+);
+-- Crypto-shredding: each subject's data key, wrapped by the key-encryption key (never stored
+-- here). Destroyed, in the journaled step of the erasure, to make every copy written under it
+-- unreadable, backups included.
+CREATE TABLE IF NOT EXISTS subject_keys (
+    tenant     TEXT NOT NULL,
+    subject    TEXT NOT NULL,
+    key_id     TEXT NOT NULL UNIQUE,
+    wrapped    TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, subject)
 );
 CREATE TABLE IF NOT EXISTS fences (
     job_id  TEXT PRIMARY KEY,

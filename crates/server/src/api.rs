@@ -76,6 +76,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/permits/{permit_id}/cancelled", post(confirm_cancelled))
         .route("/v1/revocations", get(revocations))
         .route("/v1/lineage", post(record_lineage))
+        .route("/v1/keys", post(data_key))
         .route("/v1/jobs", post(create_job).get(list_jobs))
         .route("/v1/jobs/{job_id}", get(job))
         .route("/v1/jobs/{job_id}/resume", post(resume_job))
@@ -699,6 +700,58 @@ async fn record_lineage(
     .map_err(|_| ApiError::unavailable())?
     .map_err(engine_error)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyJson {
+    lease_id: i64,
+    key_id: Option<String>,
+}
+
+/// Crypto-shredding: the data key of the lease's subject (`key_id`: that one, to decrypt; none:
+/// the current one, made if the subject has none, to encrypt). Refused as the gate refuses the
+/// lease's permits (409: revoked, expired, stale epoch, fenced; 404 no such lease); 410
+/// `key_destroyed` for a key an erasure destroyed; 404 `keys_off` without `[keys]`. A runtime
+/// keeps the key no longer than `expires_ms`, the lease's expiry.
+async fn data_key(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    b: Result<Object<KeyJson>, ApiError>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Role::Runtime)?;
+    let b = body(b)?;
+    if b.key_id.as_deref().is_some_and(|k| {
+        !(k.len() == 27 && k.starts_with("dk-") && k[3..].bytes().all(|c| c.is_ascii_hexdigit()))
+    }) {
+        return Err(ApiError::bad_request(
+            "key_id must be a data key's id as ciphertexts name it: dk- and 24 hex digits",
+        ));
+    }
+    let engine = Arc::clone(&state.engine);
+    let got = tokio::task::spawn_blocking(move || engine.data_key(b.lease_id, b.key_id.as_deref()))
+        .await
+        .map_err(|_| ApiError::unavailable())?;
+    use lethe_engine::keys::KeyError;
+    match got {
+        Ok(k) => Ok(Json(json!({
+            "key_id": k.key_id,
+            "key": k.key_hex(),
+            "expires_ms": k.expires_ms,
+        }))),
+        Err(KeyError::Off) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "keys_off",
+            KeyError::Off.to_string(),
+        )),
+        Err(KeyError::Destroyed) => Err(ApiError::new(
+            StatusCode::GONE,
+            "key_destroyed",
+            KeyError::Destroyed.to_string(),
+        )),
+        Err(KeyError::Gate(g)) => Err(ApiError::from(g)),
+        Err(KeyError::Engine(e)) => Err(engine_error(e)),
+    }
 }
 
 #[derive(Deserialize)]

@@ -14,7 +14,7 @@ mod scope;
 mod serve;
 mod targets;
 
-use crate::args::{Args, BackupsCommand, Command, JobCommand, JournalCommand};
+use crate::args::{Args, BackupsCommand, Command, JobCommand, JournalCommand, KeysCommand};
 use crate::exit::Exit;
 
 /// Runs a command; returns the exit code.
@@ -65,6 +65,34 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             command: JobCommand::Show { job_id, json },
         } => jobs::show(&config, job_id, json),
         Command::Certificate { command } => certificate::run(&config, command),
+        Command::Keys {
+            command: KeysCommand::Inventory { json },
+        } => {
+            let engine = crate::open::open_engine(&config)?;
+            let inv = engine.key_inventory()?;
+            if json {
+                crate::output::print_json(&inv);
+            } else if inv["enabled"] == false {
+                outln!("Crypto-shredding is off: add [keys] kek_file to the config to turn it on.");
+            } else {
+                outln!("Key-encryption key: {}", inv["kek"].as_str().unwrap_or("-"));
+                outln!(
+                    "Wrapped data keys: {} in {}",
+                    inv["key_store"]["keys"],
+                    inv["key_store"]["where"].as_str().unwrap_or("-")
+                );
+                outln!("Targets written encrypted: {}", inv["encrypted_targets"]);
+                outln!(
+                    "Runtime caches: {}",
+                    inv["runtime_caches"].as_str().unwrap_or("-")
+                );
+                outln!(
+                    "Backups: {}",
+                    inv["backups"]["of_the_key_store"].as_str().unwrap_or("-")
+                );
+            }
+            Ok(0)
+        }
         Command::Backups {
             command: BackupsCommand::Check { json },
         } => backups::check(&config, json),

@@ -46,6 +46,19 @@ impl Engine {
         Ok(())
     }
 
+    /// How many data keys the job destroyed (its `keys_destroyed` entries).
+    pub(super) fn keys_destroyed(&self, job: &str) -> Result<u64, EngineError> {
+        Ok(self
+            .journal
+            .entries(job)?
+            .into_iter()
+            .map(|e| match e {
+                Entry::KeysDestroyed { count } => count,
+                _ => 0,
+            })
+            .sum())
+    }
+
     pub(super) fn error_codes(&self, job: &str, target: &str) -> Result<Vec<String>, EngineError> {
         let mut codes: Vec<String> = self
             .journal

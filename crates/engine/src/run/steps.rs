@@ -348,6 +348,15 @@ impl Run<'_> {
         if let Step::Blocked = self.take_inventories(job, progress)? {
             return Ok(Step::Blocked);
         }
+        // Crypto-shredding: the scope's data keys go first, in one journaled step, so every
+        // copy written under them (backups included) is unreadable before any target is
+        // erased. Idempotent: a resumed job finds none left.
+        let destroyed = self
+            .journal
+            .destroy_keys(&self.now_rfc3339(), &job.job_id, &job.scope)?;
+        if destroyed > 0 {
+            tracing::info!(job = %job.job_id, keys = destroyed, "Data keys destroyed (crypto-shredding).");
+        }
         // All targets at once; an adapter error blocks the job on the first such target in
         // configuration order, and what the others erased stays journaled.
         let targets = self.targets.iter().collect();
@@ -414,6 +423,7 @@ impl Run<'_> {
             };
             let expires = pending.as_ref().and_then(|p| p.expires).or(settled.expires);
             let status = match expires {
+                Some(_) if self.shreds(t, &job.scope) => TargetStatus::Shredded,
                 Some(_) => TargetStatus::PendingExpiry,
                 None => status,
             };
@@ -468,6 +478,7 @@ impl Run<'_> {
             .map_err(|_| lethe_journal::JournalError::Corrupt("deadline".into()))?,
             backup_expiry: records.values().filter_map(|r| r.expires).max(),
             backup_expiry_met: None,
+            keys_destroyed: Some(self.keys_destroyed(&job.job_id)?).filter(|n| *n > 0),
             exempt_assets: self
                 .assets
                 .iter()
