@@ -71,6 +71,7 @@ impl Engine {
         progress: &mut dyn FnMut(RecoveryProgress),
     ) -> Result<Value, EngineError> {
         let t = self.recovery_target(target)?;
+        let began = std::time::Instant::now();
         t.adapter.probe().map_err(target_error)?;
         self.journal.check_chain()?;
         let started = self.clock.now();
@@ -101,8 +102,11 @@ impl Engine {
         self.recovery_pause(opts, "recovery-fenced");
         let mut lines = Vec::with_capacity(replays.len());
         let mut erased_total = 0;
+        // Time spent in the target's calls, to tell Lethe's own work from the store's.
+        let mut in_store = std::time::Duration::ZERO;
         for (n, r) in replays.iter().enumerate() {
-            let erased = self.replay(t, r)?;
+            let (erased, spent) = self.replay(t, r)?;
+            in_store += spent;
             erased_total += erased;
             lines.push(json!({
                 "job_id": r.job_id,
@@ -144,7 +148,17 @@ impl Engine {
             &report,
         )?;
         self.write_certificate(&recovery_id, &report)?;
-        tracing::info!(recovery = %recovery_id, target = %t.name, scopes = replays.len(), erased = erased_total, "Recovery verified; fences open.");
+        let total = began.elapsed();
+        tracing::info!(
+            recovery = %recovery_id,
+            target = %t.name,
+            scopes = replays.len(),
+            erased = erased_total,
+            total_ms = total.as_millis() as u64,
+            store_ms = in_store.as_millis() as u64,
+            own_ms = total.saturating_sub(in_store).as_millis() as u64,
+            "Recovery verified; fences open."
+        );
         Ok(report)
     }
 
@@ -220,29 +234,37 @@ impl Engine {
     /// One scope into `t`: the guard's fence closed and the erased locators recorded, then an
     /// inventory, its erase (in batches, each within its locators) and a verification that
     /// finds nothing left. Returns rows erased.
-    fn replay(&self, t: &Target, r: &Replay) -> Result<u64, EngineError> {
+    fn replay(
+        &self,
+        t: &Target,
+        r: &Replay,
+    ) -> Result<(u64, std::time::Duration), EngineError> {
         let fence = Fence::of(&r.scope, r.subject_epoch, r.tenant_epoch);
         let guard = t.adapter.guard();
+        let mut spent = std::time::Duration::ZERO;
+        let mut timed = |f: &mut dyn FnMut() -> Result<u64, lethe_adapters::AdapterError>| {
+            let at = std::time::Instant::now();
+            let out = f();
+            spent += at.elapsed();
+            out.map_err(target_error)
+        };
         if let Some(g) = guard {
-            g.close(&fence).map_err(target_error)?;
+            timed(&mut || g.close(&fence).map(u64::from))?;
         }
-        let inv = t.adapter.inventory(&r.scope).map_err(target_error)?;
+        let mut inv = lethe_adapters::Inventory::default();
+        timed(&mut || {
+            inv = t.adapter.inventory(&r.scope)?;
+            Ok(0)
+        })?;
         if let Some(g) = guard {
-            g.record_erased(&fence, &inv.locators)
-                .map_err(target_error)?;
+            timed(&mut || g.record_erased(&fence, &inv.locators).map(u64::from))?;
         }
         let size = t.adapter.batch_size().unwrap_or(self.batch_size).max(1);
         let mut erased = 0;
         for batch in inv.locators.chunks(size) {
-            erased += t
-                .adapter
-                .erase_batch(&r.scope, batch)
-                .map_err(target_error)?;
+            erased += timed(&mut || t.adapter.erase_batch(&r.scope, batch))?;
         }
-        let residue = t
-            .adapter
-            .verify(&r.scope, &inv.locators)
-            .map_err(target_error)?;
+        let residue = timed(&mut || t.adapter.verify(&r.scope, &inv.locators))?;
         if residue > 0 {
             return Err(EngineError::Input(format!(
                 "recovery of target {}: job {}'s scope still has {residue} rows after its replay \
@@ -252,9 +274,9 @@ impl Engine {
             )));
         }
         if let Some(g) = guard {
-            g.open(&fence).map_err(target_error)?;
+            timed(&mut || g.open(&fence).map(u64::from))?;
         }
-        Ok(erased)
+        Ok((erased, spent))
     }
 
     fn recovery_pause(&self, _opts: &RecoveryOptions, _point: &str) {
