@@ -6,6 +6,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::chain::{append, db};
+use crate::db::V;
 use crate::{Entry, Journal, JournalError, Result};
 
 /// A scope a recovery fences: its tenant, and its subject (`None`: the whole tenant).
@@ -43,7 +44,22 @@ impl Journal {
         since: Option<&str>,
         scopes: &[Fenced<'_>],
     ) -> Result<(String, bool)> {
+        // As a freeze: not while another process's in-process gate is the authority, which
+        // would never hear of these fences (its own process's erasures go through it).
+        let _outside = self.outside_gate_authority()?;
+        let authority = self.holds_gate_authority();
         self.write_entry(|tx| {
+            if tx.is_postgres() && !authority {
+                let free = tx
+                    .row(
+                        "SELECT CAST(pg_try_advisory_xact_lock_shared($1) AS TEXT)",
+                        &[crate::PG_GATE_AUTHORITY.into()],
+                    )
+                    .map_err(db)?;
+                if free.as_ref().and_then(|r| r.first()).and_then(V::t) != Some("true") {
+                    return Err(JournalError::GateAuthority);
+                }
+            }
             if let Some(r) = tx
                 .row(
                     "SELECT recovery_id FROM recoveries WHERE target = $1 AND state = 'RUNNING'",
