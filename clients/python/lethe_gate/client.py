@@ -213,6 +213,33 @@ class GateClient:
         """Asks the gate whether a lease was revoked (one request; the stream is the fast path)."""
         return bool(self._call("GET", f"/v1/leases/{int(lease_id)}")["revoked"])
 
+    def record_lineage(
+        self,
+        tenant: str,
+        subject: str,
+        target: str,
+        locator: str,
+        *,
+        from_memories: Iterable[tuple[str, str | None]] = (),
+        from_artifacts: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        """Records that the artifact ``locator`` in the configured target ``target`` (a summary
+        row, a cache entry; never its content) was derived from the subject's memories
+        ``from_memories`` (``(memory_id, version or None)``) and from other artifacts
+        ``from_artifacts`` (``(target, locator)``: a summary of a summary). Neither given: from
+        the subject's memory as a whole. An erasure of any of them then reaches the artifact,
+        transitively. Idempotent, so it may be sent again. Refused ``Fenced`` while an erasure
+        of the subject or tenant is running: do not write the artifact then."""
+        body = {
+            "tenant": tenant,
+            "subject": subject,
+            "target": target,
+            "locator": locator,
+            "from": [{"memory_id": m, "version": v} for m, v in from_memories],
+            "from_artifacts": [{"target": t, "locator": l} for t, l in from_artifacts],
+        }
+        self._call("POST", "/v1/lineage", body, expect=(204,), resend=True)
+
     def data_key(self, lease_id: int, key_id: str | None = None) -> tuple[str, bytes, int]:
         """The data key of the lease's subject (crypto-shredding): ``key_id`` names one to
         decrypt with; without it, the subject's current key (made if it has none) to encrypt

@@ -252,6 +252,26 @@ Example:
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Lineage: record that an artifact (a summary, a cache entry, a row) was derived from a
+    /// subject's memories or from other artifacts, so an erasure of them reaches it.
+    #[command(
+        after_help = "The edge is one JSON object, as POST /v1/lineage takes it, read from a file or
+standard input (identifiers stay out of the process list):
+
+  {\"tenant\": \"acme\", \"subject\": \"alice\", \"target\": \"summaries\", \"locator\": \"s-17\",
+   \"from\": [{\"memory_id\": \"m1\", \"version\": \"v3\"}],
+   \"from_artifacts\": [{\"target\": \"summaries\", \"locator\": \"s-9\"}]}
+
+`from` left out or empty (and no from_artifacts): derived from the subject's memory as a whole.
+Refused while an erasure of the subject or tenant has its fence closed.
+
+Example:
+  lethe lineage add edge.json"
+    )]
+    Lineage {
+        #[command(subcommand)]
+        command: LineageCommand,
+    },
     /// Check the journal's hash chain.
     Journal {
         #[command(subcommand)]
@@ -392,6 +412,16 @@ pub enum KeysCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `lethe lineage ...`
+#[derive(Subcommand, Debug)]
+pub enum LineageCommand {
+    /// Record one edge, read as JSON from FILE ("-": standard input).
+    Add {
+        /// The edge's file.
+        file: PathBuf,
     },
 }
 

@@ -437,6 +437,21 @@ impl Engine {
         locator: &str,
         from: &[lethe_journal::lineage::Source],
     ) -> Result<(), EngineError> {
+        self.record_lineage_from(tenant, subject, target, locator, from, &[])
+    }
+
+    /// As [`Engine::record_lineage`], the artifact derived also (or only) from other artifacts
+    /// (`from_artifacts`: their target and locator, a summary of a summary): an erasure that
+    /// reaches one of them reaches it too, transitively. Each named target must be configured.
+    pub fn record_lineage_from(
+        &self,
+        tenant: &lethe_core::Tenant,
+        subject: &lethe_core::Subject,
+        target: &str,
+        locator: &str,
+        from: &[lethe_journal::lineage::Source],
+        from_artifacts: &[lethe_journal::lineage::Artifact],
+    ) -> Result<(), EngineError> {
         let t = self
             .targets
             .iter()
@@ -457,8 +472,26 @@ impl Engine {
                 "`locator` must be 1 to {MAX_LOCATOR} bytes, no control characters"
             )));
         }
+        if from_artifacts.len() > 10_000 {
+            return Err(EngineError::Input(
+                "`from_artifacts` may list at most 10000 artifacts".into(),
+            ));
+        }
+        for (ft, fl) in from_artifacts {
+            if !self.targets.iter().any(|t| &t.name == ft) {
+                return Err(EngineError::Input(
+                    "`from_artifacts`: a `target` names no configured target".to_string(),
+                ));
+            }
+            if fl.is_empty() || fl.len() > MAX_LOCATOR || fl.chars().any(char::is_control) {
+                return Err(EngineError::Input(format!(
+                    "`from_artifacts`: a `locator` must be 1 to {MAX_LOCATOR} bytes, no control \
+                     characters"
+                )));
+            }
+        }
         self.journal
-            .record_lineage(tenant, subject, &t.name, locator, from)?;
+            .record_lineage(tenant, subject, &t.name, locator, from, from_artifacts)?;
         Ok(())
     }
 

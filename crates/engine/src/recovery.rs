@@ -234,11 +234,7 @@ impl Engine {
     /// One scope into `t`: the guard's fence closed and the erased locators recorded, then an
     /// inventory, its erase (in batches, each within its locators) and a verification that
     /// finds nothing left. Returns rows erased.
-    fn replay(
-        &self,
-        t: &Target,
-        r: &Replay,
-    ) -> Result<(u64, std::time::Duration), EngineError> {
+    fn replay(&self, t: &Target, r: &Replay) -> Result<(u64, std::time::Duration), EngineError> {
         let fence = Fence::of(&r.scope, r.subject_epoch, r.tenant_epoch);
         let guard = t.adapter.guard();
         let mut spent = std::time::Duration::ZERO;

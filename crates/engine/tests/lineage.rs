@@ -218,3 +218,94 @@ fn an_edge_under_a_closed_fence_is_refused() {
         .unwrap();
     assert_eq!(edges(dir.path()), 1);
 }
+
+fn links(dir: &Path) -> i64 {
+    let c = rusqlite::Connection::open(dir.join("journal.db")).unwrap();
+    c.query_row("SELECT count(*) FROM lineage_links", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A summary of a summary (and of that one): erasing the memory the first came from takes the
+/// whole chain, nothing else; the erased artifacts' edges are dropped at completion, others'
+/// kept.
+#[test]
+fn an_artifact_derived_from_an_artifact_is_reached_transitively_and_its_edges_dropped() {
+    let (dir, engine) = setup();
+    record_three(&engine);
+    let (acme, alice, bob) = ids();
+    let c = rusqlite::Connection::open(dir.path().join("app.db")).unwrap();
+    c.execute_batch(
+        "INSERT INTO summaries VALUES ('s-a1x', 'acme', NULL, 'a digest of s-a1');
+         INSERT INTO summaries VALUES ('s-a1xx', 'acme', NULL, 'a digest of the digest');
+         INSERT INTO summaries VALUES ('s-mix', 'acme', NULL, 'a weekly digest of everyone');",
+    )
+    .unwrap();
+    drop(c);
+    let art = |l: &str| vec![("summaries".to_string(), l.to_string())];
+    engine
+        .record_lineage_from(&acme, &alice, "summaries", "s-a1x", &[], &art("s-a1"))
+        .unwrap();
+    engine
+        .record_lineage_from(&acme, &alice, "summaries", "s-a1xx", &[], &art("s-a1x"))
+        .unwrap();
+    // Bob's weekly digest, derived from his own summary and from alice's digest of digests.
+    let mix = vec![
+        ("summaries".to_string(), "s-b1".to_string()),
+        ("summaries".to_string(), "s-a1xx".to_string()),
+    ];
+    engine
+        .record_lineage_from(&acme, &bob, "summaries", "s-mix", &[], &mix)
+        .unwrap();
+    let e = engine
+        .record_lineage_from(
+            &acme,
+            &alice,
+            "summaries",
+            "s-z",
+            &[],
+            &[("nowhere".into(), "x".into())],
+        )
+        .unwrap_err();
+    assert!(matches!(e, EngineError::Input(_)), "{e}");
+    assert_eq!(links(dir.path()), 4);
+    let before = rows(dir.path());
+    let out = erase(
+        &engine,
+        Scope::Memory {
+            tenant: acme.clone(),
+            subject: alice.clone(),
+            memory: MemoryId::new("m1").unwrap(),
+            version: Some(Version::new("v1").unwrap()),
+        },
+        "T-5",
+    );
+    assert_eq!(out.state.to_string(), "COMPLETE", "{out:?}");
+    let cert = out.certificate.unwrap();
+    assert_eq!(cert["targets"]["summaries"]["count"], 4, "{cert}");
+    let gone = ["s-a1", "s-a1x", "s-a1xx", "s-mix"];
+    let kept: Vec<_> = before
+        .iter()
+        .filter(|(id, _)| !gone.contains(&id.as_str()))
+        .cloned()
+        .collect();
+    assert_eq!(
+        rows(dir.path()),
+        kept,
+        "the chain goes, s-a2 and s-b1 stay byte for byte"
+    );
+    // The chain's edges and links are dropped; s-a2's and s-b1's edges stay.
+    assert_eq!(links(dir.path()), 0);
+    assert_eq!(edges(dir.path()), 2);
+    // Bob's own erasure still finds his summary.
+    let out = erase(
+        &engine,
+        Scope::Subject {
+            tenant: acme,
+            subject: bob,
+        },
+        "T-6",
+    );
+    assert_eq!(out.state.to_string(), "COMPLETE", "{out:?}");
+    assert_eq!(rows(dir.path()).len(), 1);
+    assert_eq!(edges(dir.path()), 1);
+}

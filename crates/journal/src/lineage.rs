@@ -8,6 +8,8 @@
 //! or tenant has its fence closed, checked in the insert's own write transaction, which the
 //! freeze's serializes with: an artifact written after the freeze is refused like any write.
 
+use std::collections::BTreeSet;
+
 use lethe_core::gate::GateError;
 use lethe_core::{MemoryId, Scope, Subject, Tenant, Version};
 
@@ -17,6 +19,12 @@ use crate::{Journal, Result};
 
 /// One memory an artifact came from; `None` for the version: any version of it.
 pub type Source = (MemoryId, Option<Version>);
+
+/// An artifact another came from: its target and locator (a summary of a summary).
+pub type Artifact = (String, String);
+
+/// How deep a chain of artifacts derived from artifacts is followed.
+const MAX_DEPTH: usize = 64;
 
 impl Journal {
     /// Records that the artifact `locator` in `target` was derived from `from` (empty: from the
@@ -29,9 +37,10 @@ impl Journal {
         target: &str,
         locator: &str,
         from: &[Source],
+        from_artifacts: &[Artifact],
     ) -> Result<()> {
         let (t, s) = (tenant.as_str(), subject.as_str());
-        let rows: Vec<(&str, &str)> = if from.is_empty() {
+        let rows: Vec<(&str, &str)> = if from.is_empty() && from_artifacts.is_empty() {
             vec![("", "")]
         } else {
             from.iter()
@@ -57,51 +66,139 @@ impl Journal {
                 )
                 .map_err(db)?;
             }
+            for (ft, fl) in from_artifacts {
+                tx.exec(
+                    "INSERT INTO lineage_links (tenant, subject, target, locator, from_target, \
+                     from_locator) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                    &[
+                        t.into(),
+                        s.into(),
+                        target.into(),
+                        locator.into(),
+                        ft.as_str().into(),
+                        fl.as_str().into(),
+                    ],
+                )
+                .map_err(db)?;
+            }
             Ok(())
         })
     }
 
-    /// The locators recorded for `target` that `scope` reaches, distinct and sorted: a
-    /// subject's every edge; a memory's edges that name it (and its version, where both the
-    /// edge and the scope give one); a tenant's every edge.
+    /// The locators recorded for `target` that `scope` reaches, distinct and sorted: from the
+    /// edges the scope names (a subject's every edge, and its links; a memory's edges that name
+    /// it and its version, where both the edge and the scope give one; a tenant's every edge),
+    /// then every artifact derived from one reached, transitively (up to 64 links deep).
     pub fn lineage_locators(&self, scope: &Scope, target: &str) -> Result<Vec<String>> {
-        let t = scope.tenant().as_str();
-        let (sql, params): (&str, Vec<V>) = match scope {
-            Scope::Tenant { .. } => (
-                "SELECT DISTINCT locator FROM lineage WHERE tenant = $1 AND target = $2 \
-                 ORDER BY locator",
-                vec![t.into(), target.into()],
-            ),
-            Scope::Subject { subject, .. } => (
-                "SELECT DISTINCT locator FROM lineage WHERE tenant = $1 AND target = $2 \
-                 AND subject = $3 ORDER BY locator",
-                vec![t.into(), target.into(), subject.as_str().into()],
-            ),
-            Scope::Memory {
-                subject,
-                memory,
-                version,
-                ..
-            } => (
-                "SELECT DISTINCT locator FROM lineage WHERE tenant = $1 AND target = $2 \
-                 AND subject = $3 AND memory_id = $4 AND ($5 = '' OR version = '' OR version = $5) \
-                 ORDER BY locator",
-                vec![
-                    t.into(),
-                    target.into(),
-                    subject.as_str().into(),
-                    memory.as_str().into(),
-                    version.as_ref().map_or("", Version::as_str).into(),
-                ],
-            ),
-        };
-        self.read(|tx| {
-            Ok(tx
-                .rows(sql, &params)
-                .map_err(db)?
-                .iter()
-                .map(|r| r[0].text())
-                .collect())
+        Ok(self
+            .read(|tx| reached(tx, scope))?
+            .into_iter()
+            .filter(|(t, _)| t == target)
+            .map(|(_, l)| l)
+            .collect())
+    }
+
+    /// Drops the edges and links of every artifact `scope` reaches, after a job erased them:
+    /// what they name is gone, and their identifiers need not stay. Returns edges dropped.
+    pub fn drop_lineage(&self, scope: &Scope) -> Result<u64> {
+        self.write(|tx| {
+            let t = scope.tenant().as_str();
+            let mut n = 0;
+            for (target, locator) in reached(tx, scope)? {
+                n += tx
+                    .exec(
+                        "DELETE FROM lineage WHERE tenant = $1 AND target = $2 AND locator = $3",
+                        &[t.into(), target.as_str().into(), locator.as_str().into()],
+                    )
+                    .map_err(db)?;
+                n += tx
+                    .exec(
+                        "DELETE FROM lineage_links WHERE tenant = $1 AND ((target = $2 AND \
+                         locator = $3) OR (from_target = $2 AND from_locator = $3))",
+                        &[t.into(), target.as_str().into(), locator.as_str().into()],
+                    )
+                    .map_err(db)?;
+            }
+            Ok(n)
         })
     }
+}
+
+/// Every artifact `scope` reaches, as (target, locator), sorted.
+fn reached(tx: &mut dyn crate::db::Tx, scope: &Scope) -> Result<BTreeSet<(String, String)>> {
+    let t = scope.tenant().as_str();
+    let (edges, links): (&str, Option<&str>) = match scope {
+        Scope::Tenant { .. } => (
+            "SELECT DISTINCT target, locator FROM lineage WHERE tenant = $1",
+            Some("SELECT DISTINCT target, locator FROM lineage_links WHERE tenant = $1"),
+        ),
+        Scope::Subject { .. } => (
+            "SELECT DISTINCT target, locator FROM lineage WHERE tenant = $1 AND subject = $2",
+            Some(
+                "SELECT DISTINCT target, locator FROM lineage_links WHERE tenant = $1 \
+                 AND subject = $2",
+            ),
+        ),
+        Scope::Memory { .. } => (
+            "SELECT DISTINCT target, locator FROM lineage WHERE tenant = $1 AND subject = $2 \
+             AND memory_id = $3 AND ($4 = '' OR version = '' OR version = $4)",
+            None,
+        ),
+    };
+    let params: Vec<V> = match scope {
+        Scope::Tenant { .. } => vec![t.into()],
+        Scope::Subject { subject, .. } => vec![t.into(), subject.as_str().into()],
+        Scope::Memory {
+            subject,
+            memory,
+            version,
+            ..
+        } => vec![
+            t.into(),
+            subject.as_str().into(),
+            memory.as_str().into(),
+            version.as_ref().map_or("", Version::as_str).into(),
+        ],
+    };
+    let pair = |r: &Vec<V>| (r[0].text(), r[1].text());
+    let mut out: BTreeSet<(String, String)> = tx
+        .rows(edges, &params)
+        .map_err(db)?
+        .iter()
+        .map(pair)
+        .collect();
+    if let Some(links) = links {
+        out.extend(
+            tx.rows(links, &params[..2.min(params.len())])
+                .map_err(db)?
+                .iter()
+                .map(pair),
+        );
+    }
+    // Artifacts derived from those, level by level.
+    let mut frontier: Vec<(String, String)> = out.iter().cloned().collect();
+    for _ in 0..MAX_DEPTH {
+        let mut next = Vec::new();
+        for (ft, fl) in &frontier {
+            for r in tx
+                .rows(
+                    "SELECT target, locator FROM lineage_links WHERE tenant = $1 \
+                     AND from_target = $2 AND from_locator = $3",
+                    &[t.into(), ft.as_str().into(), fl.as_str().into()],
+                )
+                .map_err(db)?
+                .iter()
+            {
+                let p = pair(r);
+                if out.insert(p.clone()) {
+                    next.push(p);
+                }
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        frontier = next;
+    }
+    Ok(out)
 }

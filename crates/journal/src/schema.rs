@@ -19,7 +19,8 @@ use crate::db::{Tx, V};
 /// `backups_expired` entry after `completed`, which an older `journal verify` reports as
 /// tampering; `recoveries`, replays of completed erasures into restored targets, whose fences
 /// an older process would not know to keep closed; `subject_keys`, the wrapped per-subject data
-/// keys of crypto-shredding, which an older process would leave when it erases.
+/// keys of crypto-shredding, which an older process would leave when it erases;
+/// `lineage_links`, artifacts derived from artifacts, which an older process would not follow.
 /// Recorded at every migration; an open refuses a store of a newer version than its own.
 const VERSION: i64 = 9;
 
@@ -187,6 +188,18 @@ CREATE TABLE IF NOT EXISTS lineage (
     memory_id TEXT NOT NULL,
     version   TEXT NOT NULL,
     PRIMARY KEY (tenant, subject, target, locator, memory_id, version)
+){WITHOUT_ROWID};
+-- Lineage between artifacts: the artifact (target, locator) was derived from the artifact
+-- (from_target, from_locator), a summary of a summary. An erasure that reaches the second
+-- reaches the first; followed transitively.
+CREATE TABLE IF NOT EXISTS lineage_links (
+    tenant       TEXT NOT NULL,
+    subject      TEXT NOT NULL,
+    target       TEXT NOT NULL,
+    locator      TEXT NOT NULL,
+    from_target  TEXT NOT NULL,
+    from_locator TEXT NOT NULL,
+    PRIMARY KEY (tenant, from_target, from_locator, target, locator)
 ){WITHOUT_ROWID};
 -- The permits a job's freeze found active: the job cannot leave FROZEN until each is released
 -- or confirmed cancelled.

@@ -659,6 +659,15 @@ struct LineageJson {
     locator: String,
     #[serde(default)]
     from: Vec<lethe_core::Object<SourceJson>>,
+    #[serde(default)]
+    from_artifacts: Vec<lethe_core::Object<ArtifactJson>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArtifactJson {
+    target: String,
+    locator: String,
 }
 
 /// At most this many memories an artifact is recorded as derived from, in one edge.
@@ -692,9 +701,14 @@ async fn record_lineage(
             ))
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
+    let artifacts: Vec<(String, String)> = b
+        .from_artifacts
+        .into_iter()
+        .map(|lethe_core::Object(a)| (a.target, a.locator))
+        .collect();
     let engine = Arc::clone(&state.engine);
     tokio::task::spawn_blocking(move || {
-        engine.record_lineage(&tenant, &subject, &b.target, &b.locator, &from)
+        engine.record_lineage_from(&tenant, &subject, &b.target, &b.locator, &from, &artifacts)
     })
     .await
     .map_err(|_| ApiError::unavailable())?

@@ -9,12 +9,15 @@ mod guard;
 mod hold;
 mod jobs;
 mod journal;
+mod lineage;
 mod recovery;
 mod scope;
 mod serve;
 mod targets;
 
-use crate::args::{Args, BackupsCommand, Command, JobCommand, JournalCommand, KeysCommand};
+use crate::args::{
+    Args, BackupsCommand, Command, JobCommand, JournalCommand, KeysCommand, LineageCommand,
+};
 use crate::exit::Exit;
 
 /// Runs a command; returns the exit code.
@@ -93,6 +96,9 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             }
             Ok(0)
         }
+        Command::Lineage {
+            command: LineageCommand::Add { file },
+        } => lineage::add(&config, &file),
         Command::Backups {
             command: BackupsCommand::Check { json },
         } => backups::check(&config, json),

@@ -139,9 +139,8 @@ impl Run<'_> {
     }
 
     /// Adds to a target's inventory the artifacts runtimes recorded as derived from the scope
-    /// (lineage), each as the adapter resolves it now; one gone already adds nothing. One
-    /// level: an artifact derived from an artifact is not followed. `Ok(Some(e))`: the adapter
-    /// failed.
+    /// (lineage), transitively (an artifact derived from an artifact), each as the adapter
+    /// resolves it now; one gone already adds nothing. `Ok(Some(e))`: the adapter failed.
     fn add_lineage(
         &self,
         scope: &Scope,
@@ -502,6 +501,12 @@ impl Run<'_> {
         pause_point!(self, "before-certificate-file");
         self.write_certificate(&job.job_id, &signed)?;
         self.gate_authority().job_completed(&job.job_id);
+        // The erased artifacts' lineage names what is gone: dropped, identifiers with it. A
+        // crash before this leaves edges that resolve to nothing.
+        let dropped = self.journal.drop_lineage(&Engine::frozen_scope(job))?;
+        if dropped > 0 {
+            tracing::info!(job = %job.job_id, edges = dropped, "Lineage of erased artifacts dropped.");
+        }
         tracing::info!(job = %job.job_id, scope_hash = %short(&job.scope_hash), "Job complete; certificate issued.");
         Ok(Step::Next)
     }
