@@ -22,6 +22,13 @@ pub(crate) fn run(
             "--since is in the future: give the time the restored backup was taken",
         ));
     }
+    if since.is_none() && !json {
+        eprintln!(
+            "warning: no --since: every completed erasure is replayed. A person who came back \
+             after being erased, and whose new data the restored backup holds, loses that too; \
+             give the backup's time to replay only what the backup predates."
+        );
+    }
     let engine = open_engine(config)?;
     let opts = RecoveryOptions {
         since,
