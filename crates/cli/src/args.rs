@@ -400,12 +400,26 @@ pub enum HoldCommand {
 /// `lethe journal ...`
 #[derive(Subcommand, Debug)]
 pub enum JournalCommand {
-    /// Walk the hash chain and replay every job; exit 1 if an entry was edited, reordered or
-    /// removed.
+    /// Walk the hash chain, replay every job and check the chain's seals under the deployment's
+    /// public key; exit 1 if an entry was edited, reordered or removed, or rewritten after a
+    /// seal signed it (even with every hash after it recomputed).
+    ///
+    /// Each job's completion seals the chain (signs its head with the deployment key, the
+    /// certificates' key); `--seal` seals the verified head now (a journal from before seals,
+    /// or before a backup of the control store).
     Verify {
-        /// Print JSON.
+        /// Print JSON: intact, entries, jobs, problems, sealed (the latest valid seal:
+        /// {"entry", "covers"}, or null), sealed_now.
         #[arg(long)]
         json: bool,
+        /// After verifying an intact chain, seal it: sign its head with the deployment key.
+        #[arg(long, conflicts_with = "public_key")]
+        seal: bool,
+        /// Check the seals under this public key (ed25519:<hex>, as certificates'
+        /// `signed_by`) instead of the deployment key's: for an auditor with the config's
+        /// journal but not the key file.
+        #[arg(long, value_name = "KEY")]
+        public_key: Option<String>,
     },
 }
 

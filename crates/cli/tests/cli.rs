@@ -1475,6 +1475,95 @@ fn journal_verify_catches_an_edited_entry() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("was edited"));
 }
 
+/// Someone with write access to the control store but not the key rewrites an entry and
+/// recomputes every hash after it, and the head: the job's completion sealed the chain, so
+/// `journal verify` names the entry (never its content), with the deployment key or with only
+/// the public key (the key file gone), and `--seal` does not seal the rewritten chain.
+#[test]
+fn journal_verify_names_an_entry_rewritten_with_its_chain_recomputed() {
+    use sha2::{Digest, Sha256};
+    let env = Env::new(500);
+    let (c, out) = env.json(&ERASE_ALICE);
+    assert_eq!(c, 0, "{out}");
+    let public_key = out["certificate"]["signed_by"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (c, v) = env.json(&["journal", "verify", "--json"]);
+    assert_eq!((c, v["intact"].as_bool()), (0, Some(true)), "{v}");
+    let covers = v["sealed"]["covers"]
+        .as_u64()
+        .expect("the completion sealed the chain");
+    assert_eq!(
+        v["entries"].as_u64(),
+        Some(covers + 1),
+        "the seal is the newest entry"
+    );
+    let c = rusqlite::Connection::open(env.path().join("lethe-journal.db")).unwrap();
+    c.execute(
+        "UPDATE journal SET body = replace(body, 'DSR-1', 'DSR-9') WHERE seq = 1",
+        [],
+    )
+    .unwrap();
+    // Every hash and link recomputed as chain.rs does, and the head.
+    let rows: Vec<[String; 6]> = c
+        .prepare(
+            "SELECT seq, format, at, coalesce(job_id, ''), kind, body FROM journal ORDER BY seq",
+        )
+        .unwrap()
+        .query_map([], |r| {
+            Ok([
+                r.get::<_, i64>(0)?.to_string(),
+                r.get::<_, i64>(1)?.to_string(),
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ])
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let mut prev = "0".repeat(64);
+    for r in &rows {
+        let mut h = Sha256::new();
+        for p in std::iter::once(&prev).chain(r.iter()) {
+            h.update((p.len() as u64).to_be_bytes());
+            h.update(p.as_bytes());
+        }
+        let hash = hex::encode(h.finalize());
+        c.execute(
+            "UPDATE journal SET prev_hash = ?1, hash = ?2 WHERE seq = ?3",
+            rusqlite::params![prev, hash, r[0].parse::<i64>().unwrap()],
+        )
+        .unwrap();
+        prev = hash;
+    }
+    c.execute(
+        "UPDATE lethe_meta SET v = ?1 WHERE k = 'head'",
+        [format!("{}:{prev}", rows.last().unwrap()[0])],
+    )
+    .unwrap();
+    drop(c);
+    let rewritten = |out: &Output| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(code(out), 1, "{text}");
+        assert!(text.contains("entry 1 was rewritten after entry"), "{text}");
+        assert!(!text.contains("DSR-9") && !text.contains("alice"), "{text}");
+    };
+    rewritten(&env.run(&["journal", "verify", "--seal"]));
+    let before = env.run(&["journal", "verify", "--json"]);
+    let v: Value = serde_json::from_slice(&before.stdout).unwrap();
+    assert_eq!(
+        v["sealed_now"],
+        Value::Null,
+        "a rewritten chain is not sealed"
+    );
+    assert_eq!(v["entries"].as_u64(), Some(covers + 1));
+    std::fs::rename(env.path().join("lethe.key"), env.path().join("moved.key")).unwrap();
+    rewritten(&env.run(&["journal", "verify", "--public-key", &public_key]));
+}
+
 /// The certificate is built from the job table and the inventory counts, so an edit of those
 /// (no hash to recompute) is caught by `journal verify`, and a runner refuses to sign it.
 #[test]
