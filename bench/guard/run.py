@@ -15,9 +15,9 @@ Then rounds, alternating the order (ABBA), on the same database and connections:
   - checkpoint workload: one `graph.invoke` of a compiled StateGraph (START -> respond ->
     summarize -> END) with PostgresSaver on a new thread, `durability="sync"` so every
     checkpoint, blob and task write is on the timed path; config metadata carries tenant_id,
-    user_id and lethe_epoch, as a gate-integrated runtime sends. One invoke writes 4
+    user_id, lethe_epoch, lethe_tenant_epoch and lethe_token, as a gate-integrated runtime sends. One invoke writes 4
     checkpoints, their blobs and the task writes.
-  - store workload: one `PostgresStore.put` of a new key with `lethe_epoch` in the value.
+  - store workload: one `PostgresStore.put` of a new key with the same keys in the value.
 Reports per workload and condition: median and p99 per operation, and the overhead of the
 medians. JSON to bench/out/guard-<UTC>.json; a Markdown table on stdout.
 """
@@ -55,6 +55,12 @@ def build_graph(saver):
     g.add_edge("respond", "summarize")
     g.add_edge("summarize", END)
     return g.compile(checkpointer=saver)
+
+
+# What a gate-integrated runtime adds to each checkpoint's metadata and each store value: the
+# lease's epochs and the gate's token (`<lease>.<64 hex>.<64 hex>`). The timed subjects were
+# never erased, so the guard admits them on its first probe without reading the token.
+FENCING = {"lethe_epoch": 0, "lethe_tenant_epoch": 0, "lethe_token": "1." + "a" * 64 + "." + "b" * 64}
 
 
 def pct(xs, p):
@@ -120,13 +126,17 @@ namespace = ["{{tenant}}", "{{subject}}"]
             if a.guard_sql:
                 subprocess.run(["psql", dsn, "-q", "-1", "-v", "ON_ERROR_STOP=1", "-f", a.guard_sql],
                                check=True, capture_output=True)
-            conn.execute("""
-                INSERT INTO lethe_guard.erased_thread SELECT lethe_guard.thread_digest('erased-' || g) FROM generate_series(1, 1000) g;
-                INSERT INTO lethe_guard.erased_item SELECT lethe_guard.item_digest('t.gone' || g, 'k'), 2, false FROM generate_series(1, 1000) g;
-                INSERT INTO lethe_guard.subject_fence SELECT lethe_guard.subject_owner('t', 'gone' || g), 2, false FROM generate_series(1, 200) g;
+            # Version 7 keys its digests: its functions take the key row first (an older guard's
+            # do not), so one run.py times either version (LETHE_BIN of that version).
+            keyed = conn.execute("SELECT to_regclass('lethe_guard.key') IS NOT NULL").fetchone()[0]
+            k = "(SELECT kr FROM lethe_guard.key kr), " if keyed else ""
+            conn.execute(f"""
+                INSERT INTO lethe_guard.erased_thread SELECT lethe_guard.thread_digest({k}'erased-' || g) FROM generate_series(1, 1000) g;
+                INSERT INTO lethe_guard.erased_item SELECT lethe_guard.item_digest({k}'t.gone' || g, 'k'), 2, false FROM generate_series(1, 1000) g;
+                INSERT INTO lethe_guard.subject_fence SELECT lethe_guard.subject_owner({k}'t', 'gone' || g), 2, false FROM generate_series(1, 200) g;
             """)
             if not a.at_rest:
-                conn.execute("INSERT INTO lethe_guard.subject_fence VALUES (lethe_guard.subject_owner('t', 'being-erased'), 3, true)")
+                conn.execute(f"INSERT INTO lethe_guard.subject_fence VALUES (lethe_guard.subject_owner({k}'t', 'being-erased'), 3, true)")
             # What autovacuum would have done by now; this machine's PostgreSQL 15 runs with it
             # off, and without statistics the planner reads the guard's tables sequentially.
             conn.execute("VACUUM ANALYZE")
@@ -146,8 +156,8 @@ namespace = ["{{tenant}}", "{{subject}}"]
                 for _ in range(10):
                     n += 1
                     app.invoke({"messages": ["warm"]}, {"configurable": {"thread_id": f"w-{n}"},
-                               "metadata": {"tenant_id": "t", "user_id": "u0001", "lethe_epoch": 0}}, durability="sync")
-                    store.put(("t", "u0001", "memories"), f"w-{n}", {"text": "warm", "lethe_epoch": 0})
+                               "metadata": {"tenant_id": "t", "user_id": "u0001", **FENCING}}, durability="sync")
+                    store.put(("t", "u0001", "memories"), f"w-{n}", {"text": "warm", **FENCING})
             for r in range(a.rounds):
                 order = (True, False) if r % 2 == 0 else (False, True)
                 for on in order:
@@ -156,12 +166,12 @@ namespace = ["{{tenant}}", "{{subject}}"]
                         n += 1
                         u = f"u{n % 200:04d}"
                         cfg = {"configurable": {"thread_id": f"run-{n}-{uuid.uuid4()}"},
-                               "metadata": {"tenant_id": "t", "user_id": u, "lethe_epoch": 0}}
+                               "metadata": {"tenant_id": "t", "user_id": u, **FENCING}}
                         t0 = time.perf_counter()
                         app.invoke({"messages": [f"{u} says {i}"]}, cfg, durability="sync")
                         samples[("checkpoint", on)].append((time.perf_counter() - t0) * 1000)
                         t0 = time.perf_counter()
-                        store.put(("t", u, "memories"), f"k-{n}", {"text": f"{u} memory {i}", "lethe_epoch": 0})
+                        store.put(("t", u, "memories"), f"k-{n}", {"text": f"{u} memory {i}", **FENCING})
                         samples[("store", on)].append((time.perf_counter() - t0) * 1000)
                 print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
             set_guard(True)
