@@ -170,7 +170,10 @@ impl Env {
         }
         // bob and carol hold over 100 rows; bob alone over 10.
         let least = if erased.len() == 1 { 100 } else { 10 };
-        assert!(out.len() > least, "the oracle sees the other subjects' rows");
+        assert!(
+            out.len() > least,
+            "the oracle sees the other subjects' rows"
+        );
         out
     }
 }
