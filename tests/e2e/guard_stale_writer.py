@@ -14,13 +14,16 @@ carry the guard (`lethe guard install`):
            are refused (LT001) even with a current token, and any write to her inventoried
            thread T (LT003), a checkpoint naming no owner included; bob, unfenced, writes
            without a token.
-  phase C  (the job is COMPLETE; the new epoch is passed in) the stale worker tries
+  phase C  (the job is COMPLETE; leases the gate issued after it, alice's and bob's, are
+           passed in: `--take-leases` runs `lethe serve` and takes them) the stale worker tries
            PostgresSaver.put and put_writes on T, continues T through the graph, starts a new
            thread and PostgresStore.put K and a new key, all with its old epoch: every one is
            refused, T and K stay gone, and no checkpoint or blob of the new stale thread exists
            (its blobs were rolled back with the refused checkpoint; its task writes are a known
-           limit, counted in "known_limits"). A fresh run with a lease of the new
-           epoch writes a new thread and K again. Everyone else's rows are byte for byte as in
+           limit, counted in "known_limits"). A writer that puts the new epoch in without the
+           gate's token, or with the token the gate issued to bob's lease, is refused too. A
+           fresh run with alice's new lease (its epoch and the gate's token) writes a new thread
+           and K again. Everyone else's rows are byte for byte as in
            phase A. bob still writes without any token.
 
 Rows the test writes itself are on threads and keys named `guardtest-*`, outside the snapshot.
@@ -67,20 +70,62 @@ def build_graph(checkpointer):
     return g.compile(checkpointer=checkpointer)
 
 
-def run_config(thread: str, subject: str, epoch: int | None) -> dict:
-    """What a runtime passes: owner keys and, once it holds a lease, the lease's epoch."""
+def run_config(thread: str, subject: str, epoch: int | None, token: str | None = None) -> dict:
+    """What a runtime passes: owner keys and, once it holds a lease, the lease's epoch and the
+    gate's token for it."""
     meta = {"tenant_id": TENANT, "user_id": subject}
     if epoch is not None:
         meta["lethe_epoch"] = epoch
+    if token is not None:
+        meta["lethe_token"] = token
     return {"configurable": {"thread_id": thread}, "metadata": meta}
 
 
-def item(text: str, epoch: int | None) -> dict:
-    """A store value; the lease's epoch rides in the reserved key `lethe_epoch`."""
+def item(text: str, epoch: int | None, token: str | None = None) -> dict:
+    """A store value; the lease's epoch and token ride in the reserved keys `lethe_epoch` and
+    `lethe_token`."""
     v = {"text": text}
     if epoch is not None:
         v["lethe_epoch"] = epoch
+    if token is not None:
+        v["lethe_token"] = token
     return v
+
+
+def take_leases(config: Path, out: Path) -> int:
+    """Runs `lethe serve` on the config (port 0), takes a lease for alice and one for bob as a
+    runtime would, writes them to `out` as JSON and stops the server."""
+    import os
+    import re
+    import subprocess
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "clients" / "python"))
+    import lethe_gate
+
+    proc = subprocess.Popen([os.environ["LETHE_BIN"], "--config", str(config), "serve", "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        url = None
+        for line in proc.stdout:  # the bound address is printed once the server listens
+            m = re.search(rb"(127\.0\.0\.1:\d+)", line)
+            if m:
+                url = "http://" + m.group(1).decode()
+                break
+        if url is None:
+            print("lethe serve printed no address", file=sys.stderr)
+            return 1
+        token = (config.parent / "runtime.token").read_text().strip()
+        client = lethe_gate.GateClient(url, token, watch=False)
+        try:
+            leases = {who: client.take_lease(TENANT, who, []) for who in (ALICE, BOB)}
+            out.write_text(json.dumps({who: {"epoch": l.epoch, "tenant_epoch": l.tenant_epoch, "token": l.token}
+                                       for who, l in leases.items()}))
+        finally:
+            client.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return 0
 
 
 def sqlstate(e: BaseException) -> str | None:
@@ -122,9 +167,13 @@ def thread_rows(conn, thread: str) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dsn", required=True)
-    ap.add_argument("--dir", required=True, type=Path, help="handshake folder (FIFOs go-b, go-c; files ready-a, ready-b, epoch)")
+    ap.add_argument("--dsn")
+    ap.add_argument("--dir", type=Path, help="handshake folder (FIFOs go-b, go-c; files ready-a, ready-b, leases.json)")
+    ap.add_argument("--take-leases", nargs=2, type=Path, metavar=("CONFIG", "OUT"),
+                    help="instead: take alice's and bob's leases from `lethe serve` on CONFIG, into OUT")
     a = ap.parse_args()
+    if a.take_leases:
+        return take_leases(*a.take_leases)
     from langgraph.checkpoint.postgres import PostgresSaver
     from langgraph.checkpoint.base import create_checkpoint
     from langgraph.store.postgres import PostgresStore
@@ -203,8 +252,10 @@ def main() -> int:
 
         # ---------------- phase C: the job is COMPLETE; the stale worker carries on
         wait_for(a.dir / "go-c")
-        epoch = int((a.dir / "epoch").read_text())
-        check("C: the job bumped the epoch", epoch > stale_epoch, epoch)
+        leases = json.loads((a.dir / "leases.json").read_text())
+        fresh, bobs = leases[ALICE], leases[BOB]
+        epoch = fresh["epoch"]
+        check("C: the job bumped the epoch", epoch > stale_epoch and epoch == int((a.dir / "epoch").read_text()), epoch)
         check("C: the erased thread is gone", thread_rows(conn, T) == 0, thread_rows(conn, T))
         ck = create_checkpoint(last.checkpoint, None, last.metadata["step"] + 1)
         refused("C: PostgresSaver.put on the erased thread (issue 7206)", "LT003",
@@ -232,19 +283,29 @@ def main() -> int:
                 lambda: store.put(ns_alice, K, item("alice likes green tea", stale_epoch)))
         refused("C: PostgresStore.put of a new key", "LT002",
                 lambda: store.put(ns_alice, "guardtest-new", item("x", stale_epoch)))
+        # A writer that never held a lease after the erasure puts the current epoch in: without
+        # the gate's token, or with the one the gate issued to bob's lease, it is refused.
+        for what, token in (("without the gate's token", None), ("with bob's lease's token", bobs["token"])):
+            refused(f"C: a new thread with the current epoch {what}", "LT002",
+                    lambda: app.invoke({"messages": ["alice: forged"]},
+                                       run_config(f"guardtest-forged-{uuid.uuid4()}", ALICE, epoch, token)))
+            refused(f"C: PostgresStore.put of the erased item with the current epoch {what}", "LT004",
+                    lambda: store.put(ns_alice, K, item("alice likes green tea", epoch, token)))
+            refused(f"C: PostgresStore.put of a new key with the current epoch {what}", "LT002",
+                    lambda: store.put(ns_alice, "guardtest-forged", item("x", epoch, token)))
         check("C: the erased item stays gone", store.get(ns_alice, K) is None)
         after = others(conn, alice_threads + [T])
         changed = sorted(set(before) ^ set(after))
         check("C: every other subject's row byte for byte", not changed and len(before) == len(after),
               f"{len(before)} rows; {len(changed)} differ")
 
-        # A fresh run under a lease of the new epoch writes memory for alice again.
+        # A fresh run under alice's new lease (its epoch and the gate's token) writes again.
         T3 = f"guardtest-fresh-{uuid.uuid4()}"
-        admitted("C: a fresh run with the current epoch writes a new thread",
-                 lambda: app.invoke({"messages": ["alice: hello again"]}, run_config(T3, ALICE, epoch)))
+        admitted("C: a fresh run with the new lease writes a new thread",
+                 lambda: app.invoke({"messages": ["alice: hello again"]}, run_config(T3, ALICE, epoch, fresh["token"])))
         check("C: the fresh thread is there", thread_rows(conn, T3) > 0, thread_rows(conn, T3))
         admitted("C: a fresh run writes the erased key again",
-                 lambda: store.put(ns_alice, K, item("alice now likes coffee", epoch)))
+                 lambda: store.put(ns_alice, K, item("alice now likes coffee", epoch, fresh["token"])))
         got = store.get(ns_alice, K)
         check("C: the fresh item is there", got is not None and got.value.get("text") == "alice now likes coffee")
         admitted("C: bob writes without a token",

@@ -52,6 +52,13 @@ one() {
 journal = "sqlite:journal.db"
 policy_version = "guard-e2e"
 
+[serve]
+listen = "127.0.0.1:0"
+
+[[serve.token]]
+role = "runtime"
+token_file = "runtime.token"
+
 [[target]]
 name = "checkpoints"
 kind = "langgraph-postgres-checkpointer"
@@ -67,6 +74,7 @@ class = "primary"
 url = "$url"
 namespace = ["{tenant}", "{subject}"]
 TOML
+    (umask 077 && "$PY" -c 'import secrets; print("rt-" + secrets.token_hex(16))' >"$work/runtime.token")
     "$LETHE" --config "$work/lethe.toml" guard install --target checkpoints --json >/dev/null
     "$LETHE" --config "$work/lethe.toml" guard install --target memories --json >/dev/null
     mkfifo "$work/ready-a" "$work/go-b" "$work/ready-b" "$work/go-c" "$work/paused"
@@ -91,6 +99,9 @@ TOML
     "$LETHE" --config "$work/lethe.toml" job show "$job" --json >"$work/job.json"
     epoch=$("$PY" -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["state"]=="COMPLETE", j["state"]; print(j["subject_epoch"])' "$work/job.json")
     echo "$epoch" >"$work/epoch"
+    # Leases the gate issues after the erasure (alice's and bob's), with their tokens: what a
+    # runtime that leased after the erasure carries.
+    LETHE_BIN="$LETHE" "$PY" tests/e2e/guard_stale_writer.py --take-leases "$work/lethe.toml" "$work/leases.json"
     "$LETHE" --config "$work/lethe.toml" guard status --json >"$work/status-complete.json"
     echo go >"$work/go-c"
     set +e

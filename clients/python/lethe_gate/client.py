@@ -122,6 +122,7 @@ class GateClient:
             expires_ms=int(r.get("expires_ms", 0)),
             tenant=tenant,
             subject=subject,
+            token=str(r.get("token", "")),
         )
         if self._watcher is not None:
             self._watcher.add(lease)
@@ -425,7 +426,9 @@ class Lease:
 
     ``revoked`` is set when the gate pushes its revocation (or a permit is refused because of
     it); ``revoked_at`` is then the ``time.monotonic()`` of that moment. The tenant and subject
-    are kept for the run's metadata but never shown in ``repr``.
+    are kept for the run's metadata but never shown in ``repr``. ``token`` is the gate's fencing
+    token (a MAC over the lease, its epochs and its owner): what Lethe's database guard checks,
+    carried as ``lethe_token`` beside ``lethe_epoch`` (:meth:`fencing`).
     """
 
     def __init__(
@@ -438,9 +441,11 @@ class Lease:
         expires_ms: int,
         tenant: str,
         subject: str,
+        token: str = "",
     ) -> None:
         self.client = client
         self.lease_id = lease_id
+        self.token = token
         self.epoch = epoch
         self.tenant_epoch = tenant_epoch
         self.expires_ms = expires_ms
@@ -455,6 +460,12 @@ class Lease:
     def __repr__(self) -> str:
         state = "revoked" if self.revoked.is_set() else "live"
         return f"<Lease {self.lease_id} epoch={self.epoch} {state}>"
+
+    def fencing(self) -> dict[str, Any]:
+        """The keys a run copies into what it writes, for Lethe's database guard:
+        ``lethe_epoch``, ``lethe_tenant_epoch`` and ``lethe_token`` (the run config's metadata,
+        which LangGraph copies into each checkpoint, and each store item's value)."""
+        return {"lethe_epoch": self.epoch, "lethe_tenant_epoch": self.tenant_epoch, "lethe_token": self.token}
 
     def renew(self, ttl_ms: int = 60_000) -> None:
         """Keeps a long run's lease: its expiry moves to at least now + ``ttl_ms``. Call it

@@ -12,7 +12,7 @@ memory. Then:
 - **tools**: :meth:`Gate.dispatch_tools` takes a ``tool`` permit per call; on revocation the
   calls not yet dispatched never run;
 - **state**: :meth:`Gate.checkpointer` wraps any checkpointer so that ``put`` and ``put_writes``
-  happen under a ``state`` permit and each checkpoint's metadata carries ``lethe_epoch`` and the
+  happen under a ``state`` permit and each checkpoint's metadata carries ``lethe_epoch``, ``lethe_token`` and the
   tenant and subject keys (what the database guard checks).
 
 :meth:`Gate.run_config` makes the run config: thread id, and the tenant and subject keys (plus
@@ -90,8 +90,7 @@ class Gate:
         metadata: dict[str, Any] = {self.tenant_key: tenant, self.subject_key: subject}
         lease = self._bound(thread_id)
         if lease is not None:
-            metadata[EPOCH_KEY] = lease.epoch
-            metadata[TENANT_EPOCH_KEY] = lease.tenant_epoch
+            metadata.update(lease.fencing())
         return {"configurable": {"thread_id": thread_id, **configurable}, "metadata": metadata}
 
     def who(self, config: RunnableConfig) -> tuple[str, str]:
@@ -204,11 +203,11 @@ class Gate:
 
     def put_memory(self, config: RunnableConfig, store: Any, namespace: tuple[str, ...], key: str, value: dict[str, Any], **kwargs: Any) -> None:
         """Writes a long-term memory under a ``state`` permit, with the lease's fencing tokens
-        in the value (``lethe_epoch``, ``lethe_tenant_epoch``): the carrier Lethe's database
+        in the value (``lethe_epoch``, ``lethe_tenant_epoch``, ``lethe_token``): the carrier Lethe's database
         guard checks, so a run holding a lease from before an erasure cannot write the memory
         back even if it skips the gate. ``store`` is any LangGraph ``BaseStore``."""
         lease = self.lease(config)
-        stamped = {**value, EPOCH_KEY: lease.epoch, TENANT_EPOCH_KEY: lease.tenant_epoch}
+        stamped = {**value, **lease.fencing()}
         with lease.permit("state"):
             store.put(namespace, key, stamped, **kwargs)
 
@@ -224,7 +223,7 @@ def _thread(config: RunnableConfig) -> str:
 class GatedCheckpointer(BaseCheckpointSaver):
     """A checkpointer whose writes take a ``state`` permit from the thread's lease.
 
-    Each checkpoint's metadata gets ``lethe_epoch``, ``lethe_tenant_epoch`` and the tenant and
+    Each checkpoint's metadata gets ``lethe_epoch``, ``lethe_tenant_epoch``, ``lethe_token`` and the tenant and
     subject keys, so the database guard can refuse a write carrying an old epoch. A write of a
     person's thread that holds no lease yet (the run's input checkpoint, written before its
     memory read) first takes a lease that read nothing: it is gated and stamped like the others
@@ -244,8 +243,7 @@ class GatedCheckpointer(BaseCheckpointSaver):
     def _stamp(self, lease: Lease, metadata: dict[str, Any]) -> dict[str, Any]:
         return {
             **metadata,
-            EPOCH_KEY: lease.epoch,
-            TENANT_EPOCH_KEY: lease.tenant_epoch,
+            **lease.fencing(),
             self.gate.tenant_key: lease.tenant,
             self.gate.subject_key: lease.subject,
         }

@@ -109,7 +109,12 @@ namespace = ["{{tenant}}", "{{subject}}"]
             self.server.wait_job(op, job)
             self.assertEqual(self.snapshot(alice), [])
 
-            store.put(("acme", alice, "memories"), "k2", {"text": "likes sunny weather", EPOCH_KEY: e0 + 1})
+            # A new memory, written under a lease taken after the erasure: the gate's token
+            # (the epoch alone is refused, a writer could copy it).
+            writer = gate.run_config("t-" + secrets.token_hex(6), "acme", alice)
+            gate.take_lease(writer, [])
+            gate.put_memory(writer, store, ("acme", alice, "memories"), "k2", {"text": "likes sunny weather"})
+            gate.end_run(writer["configurable"]["thread_id"])
             again = self.run_once(gate, saver, store, alice, "t-" + secrets.token_hex(6))
             self.assertIn("sunny", again["answer"])
             self.assertTrue(again["epochs"] and all(e == e0 + 1 for e in again["epochs"]), again)

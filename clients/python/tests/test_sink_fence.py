@@ -116,9 +116,10 @@ namespace = ["{{tenant}}", "{{subject}}"]
         self.assertTrue(self.guard("status")["memories"]["installed"])
 
     def test_a_stale_lease_cannot_write_memory_back_after_the_erasure(self):
-        """Gate.put_memory stamps the lease's epoch into the value; after an erasure the
-        database refuses a write carrying the old epoch even from a worker that skips the gate,
-        and a run with a fresh lease writes again."""
+        """Gate.put_memory stamps the lease's epoch and the gate's token into the value; after
+        an erasure the database refuses a write carrying the old epoch even from a worker that
+        skips the gate, and one carrying the current epoch without a token the gate issued for
+        it; a run with a fresh lease writes again."""
         from lethe_gate.langgraph import Gate
 
         self.guard("install")
@@ -140,12 +141,32 @@ namespace = ["{{tenant}}", "{{subject}}"]
                     store.put(ns, "m1", {"text": "carol likes tea", "lethe_epoch": old.epoch})
                 self.assertIn(e.exception.sqlstate, ("LT002", "LT004"))
                 self.assertIsNone(store.get(ns, "m1"), "the erased memory stays gone")
-                # A run that leased after the erasure writes again.
+                # A writer that never held a lease after the erasure but puts the current epoch
+                # in: refused without the gate's token, with a made-up one, with the old lease's
+                # and with a token the gate issued to another subject's lease (dave's).
                 gate.end_run("t-carol")
+                dave = rt.take_lease("acme", "dave", [])
+                current = old.epoch + 1
+                for what, token in (
+                    ("no token", None),
+                    ("a made-up token", f"{old.lease_id}.{'0' * 64}.{'0' * 64}"),
+                    ("the stale lease's token", old.token),
+                    ("another subject's lease's token", dave.token),
+                ):
+                    v = {"text": "carol likes tea", "lethe_epoch": current, "lethe_tenant_epoch": old.tenant_epoch}
+                    if token is not None:
+                        v["lethe_token"] = token
+                    with self.assertRaises(psycopg.Error, msg=what) as e:
+                        store.put(ns, "m1", v)
+                    self.assertIn(e.exception.sqlstate, ("LT002", "LT004"), what)
+                self.assertIsNone(store.get(ns, "m1"), "the erased memory stays gone")
+                # A run that leased after the erasure writes again, with the gate's token.
                 fresh = gate.take_lease(cfg, [])
-                self.assertEqual(fresh.epoch, old.epoch + 1)
+                self.assertEqual(fresh.epoch, current)
+                self.assertTrue(fresh.token.startswith(f"{fresh.lease_id}."), "the gate issues a token")
                 gate.put_memory(cfg, store, ns, "m1", {"text": "carol, anew"})
-                self.assertEqual(store.get(ns, "m1").value["text"], "carol, anew")
+                got = store.get(ns, "m1").value
+                self.assertEqual((got["text"], got["lethe_token"]), ("carol, anew", fresh.token))
         finally:
             rt.close()
             op.close()

@@ -81,8 +81,10 @@ pub struct GuardStatus {
 pub trait Guard: Send + Sync {
     /// The guard's state. Read-only.
     fn status(&self) -> Result<GuardStatus, AdapterError>;
-    /// Installs (or upgrades) the guard and this target's triggers. Idempotent.
-    fn install(&self) -> Result<(), AdapterError>;
+    /// Installs (or upgrades) the guard and this target's triggers, under the deployment's
+    /// guard key (tokens are checked and digests keyed with it; a guard installed under
+    /// another key is refused). Idempotent.
+    fn install(&self, key: &lethe_core::keys::GuardKey) -> Result<(), AdapterError>;
     /// Removes this target's triggers, and the guard's schema once no trigger uses it.
     /// Refused while a fence is closed (a job is running).
     fn uninstall(&self) -> Result<(), AdapterError>;

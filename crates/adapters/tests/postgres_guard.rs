@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lethe_adapters::{Fence, Guard, Target};
+use lethe_core::keys::{DeploymentKey, GuardKey};
 use lethe_core::{MemoryId, Scope, Subject, Tenant};
 use postgres::{Client, NoTls};
 
@@ -208,19 +209,38 @@ const PUT_BLOB: &str =
 const PUT_ITEM: &str = "INSERT INTO store (prefix, key, value) VALUES ($1, $2, $3::text::jsonb)
      ON CONFLICT (prefix, key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()";
 
+/// The deployment's guard key in these tests, as `lethe guard install` and the gate take it.
+fn key() -> GuardKey {
+    DeploymentKey::from_bytes([5; 32]).guard_key()
+}
+
+/// The token the gate issues with lease 1 of `(tenant, subject)` at `epoch` (tenant epoch 0).
+fn token(tenant: &str, subject: &str, epoch: i64) -> String {
+    token_of(1, epoch as u64, 0, tenant, subject)
+}
+
+/// The token the gate issues with `lease` at these epochs.
+fn token_of(lease: i64, epoch: u64, tenant_epoch: u64, tenant: &str, subject: &str) -> String {
+    key().token(lease, epoch, tenant_epoch, tenant, subject)
+}
+
+/// Checkpoint metadata a runtime writes; with an epoch, the gate's token for it too.
 fn meta(tenant: &str, subject: &str, epoch: Option<i64>) -> String {
     let mut m =
         serde_json::json!({"tenant_id": tenant, "user_id": subject, "source": "loop", "step": 1});
     if let Some(e) = epoch {
         m["lethe_epoch"] = e.into();
+        m["lethe_token"] = token(tenant, subject, e).into();
     }
     m.to_string()
 }
 
+/// A store value of acme/alice's; with an epoch, the gate's token for it too.
 fn value(epoch: Option<i64>) -> String {
     let mut v = serde_json::json!({"text": "a new memory"});
     if let Some(e) = epoch {
         v["lethe_epoch"] = e.into();
+        v["lethe_token"] = token("acme", "alice", e).into();
     }
     v.to_string()
 }
@@ -262,8 +282,8 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
     let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
     assert!(!guard(&cp).status().unwrap().installed);
     for _ in 0..2 {
-        guard(&cp).install().unwrap();
-        guard(&st).install().unwrap();
+        guard(&cp).install(&key()).unwrap();
+        guard(&st).install(&key()).unwrap();
     }
     let installed = catalog(&mut c);
     assert!(installed.contains("schema lethe_guard"));
@@ -297,18 +317,20 @@ fn install_is_idempotent_and_uninstall_leaves_the_database_as_it_was(version: u3
          DROP TRIGGER known ON lethe_guard.erased_item;
          DROP FUNCTION lethe_guard.remember();
          DROP TABLE lethe_guard.known;
-         INSERT INTO lethe_guard.erased_thread VALUES (lethe_guard.thread_digest('old'))",
+         DROP TABLE lethe_guard.key CASCADE;
+         INSERT INTO lethe_guard.erased_thread VALUES (sha256(convert_to('old', 'UTF8')))",
     )
     .unwrap();
     let s = guard(&cp).status().unwrap();
     assert_eq!((s.version.as_deref(), s.installed), (Some("2"), false));
-    guard(&cp).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
     let s = guard(&cp).status().unwrap();
     assert_eq!(
         (s.version.as_deref(), s.erased_threads, s.installed),
         (Some(lethe_adapters::GUARD_VERSION), 1, true)
     );
-    // The thread erased under version 2 is in the new index, so its writes are still refused.
+    // The thread erased under version 2 (its digest unkeyed, as version 6 and earlier stored
+    // them) is keyed in place and in the new index, so its writes are still refused.
     assert_eq!(
         write(&mut c, "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata) VALUES ('old', '', 'c1', '{}', '{}')", &[]),
         Some("LT003".to_string()),
@@ -354,7 +376,7 @@ fn uninstall_is_refused_while_a_fence_is_closed(version: u32) {
     let db = Db::new(&srv);
     let cp = checkpointer(&db.url, "public");
     let g = guard(&cp);
-    g.install().unwrap();
+    g.install(&key()).unwrap();
     let s = scope("acme", "alice");
     let f = Fence::of(&s, Some(1), None);
     assert!(g.close(&f).unwrap());
@@ -375,8 +397,8 @@ fn a_fence_left_closed_with_a_later_epoch_fails_the_open(version: u32) {
     let srv = server(version);
     let db = Db::new(&srv);
     let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
-    guard(&cp).install().unwrap();
-    guard(&st).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
+    guard(&st).install(&key()).unwrap();
     let s = scope("acme", "alice");
     let t = Scope::Tenant {
         tenant: Tenant::new("acme").unwrap(),
@@ -435,8 +457,8 @@ fn refuses_fenced_erased_and_stale_writes_and_admits_current_ones(version: u32) 
     let db = Db::new(&srv);
     let mut c = db.client();
     let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
-    guard(&cp).install().unwrap();
-    guard(&st).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
+    guard(&st).install(&key()).unwrap();
     let bystanders = others(&mut c, m, "acme", "alice");
     let alice_thread = a_thread(m, "acme", "alice");
     let bob_thread = a_thread(m, "acme", "bob");
@@ -662,8 +684,8 @@ fn an_update_cannot_move_rows_out_of_a_fenced_or_erased_owner(version: u32) {
     let db = Db::new(&srv);
     let mut c = db.client();
     let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
-    guard(&cp).install().unwrap();
-    guard(&st).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
+    guard(&st).install(&key()).unwrap();
     let bystanders = others(&mut c, m, "acme", "alice");
     let alice_thread = a_thread(m, "acme", "alice");
     let s = scope("acme", "alice");
@@ -815,7 +837,7 @@ fn tenant_and_memory_scopes(version: u32) {
     let db = Db::new(&srv);
     let mut c = db.client();
     let st = store(&db.url, "public");
-    guard(&st).install().unwrap();
+    guard(&st).install(&key()).unwrap();
     // Memory scope: the item is erased for good (no epoch tells a stale writer from a new one).
     let item = srv.manifest["subjects"][1]["store_items"][0].clone();
     let (ns, key) = (
@@ -886,7 +908,7 @@ fn tenant_and_memory_scopes(version: u32) {
             &[
                 &"a.u1",
                 &"k",
-                &serde_json::json!({"lethe_tenant_epoch": 3}).to_string()
+                &serde_json::json!({"lethe_tenant_epoch": 3, "lethe_token": token_of(1, 0, 3, "a", "u1")}).to_string()
             ]
         ),
         None
@@ -905,7 +927,7 @@ fn a_schema_name_that_needs_quoting_is_quoted(version: u32) {
     )
     .unwrap();
     let st = store(&db.url, "we\"ird s");
-    guard(&st).install().unwrap();
+    guard(&st).install(&key()).unwrap();
     assert!(guard(&st).status().unwrap().installed);
     let s = scope("acme", "alice");
     let f = Fence::of(&s, Some(1), None);
@@ -961,8 +983,8 @@ fn an_application_role_without_rights_on_the_guard_is_guarded(version: u32) {
     let db = Db::new(&srv);
     let mut c = db.client();
     let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
-    guard(&cp).install().unwrap();
-    guard(&st).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
+    guard(&st).install(&key()).unwrap();
     c.batch_execute(&format!(
         "CREATE ROLE {r} LOGIN;
          GRANT CONNECT ON DATABASE {d} TO {r};
@@ -1036,6 +1058,7 @@ fn an_application_role_without_rights_on_the_guard_is_guarded(version: u32) {
     let denied = Some("42501".to_string());
     for sql in [
         "SELECT count(*) FROM lethe_guard.subject_fence",
+        "SELECT ipad FROM lethe_guard.key",
         "DELETE FROM lethe_guard.known",
         "UPDATE lethe_guard.subject_fence SET fenced = false",
     ] {
@@ -1058,7 +1081,7 @@ fn a_fence_waits_for_transactions_that_wrote_before_it(version: u32) {
     let srv = server(version);
     let db = Db::new(&srv);
     let cp = checkpointer(&db.url, "public");
-    guard(&cp).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
     let mut app = db.client();
     let mut tx = app.transaction().unwrap();
     tx.execute(
@@ -1108,7 +1131,7 @@ fn a_fence_does_not_deadlock_a_put_in_flight(version: u32) {
     let srv = server(version);
     let db = Db::new(&srv);
     let cp = checkpointer(&db.url, "public");
-    guard(&cp).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
     let mut app = db.client();
     let mut tx = app.transaction().unwrap();
     tx.execute(PUT_BLOB, &[&"put-1", &"1"]).unwrap();
@@ -1196,13 +1219,13 @@ fn old_snapshot_is_refused_then_fenced(version: u32, before_install: bool) {
     let db = Db::new(&srv);
     let cp = checkpointer(&db.url, "public");
     if !before_install {
-        guard(&cp).install().unwrap();
+        guard(&cp).install(&key()).unwrap();
     }
     let mut app = db.client();
     app.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM checkpoints")
         .unwrap();
     if before_install {
-        guard(&cp).install().unwrap();
+        guard(&cp).install(&key()).unwrap();
     }
     let s = scope("acme", "alice");
     assert!(guard(&cp).close(&Fence::of(&s, Some(1), None)).unwrap());
@@ -1253,7 +1276,7 @@ fn a_generation_drawn_by_a_dead_change_is_repaired(version: u32) {
     let srv = server(version);
     let db = Db::new(&srv);
     let cp = checkpointer(&db.url, "public");
-    guard(&cp).install().unwrap();
+    guard(&cp).install(&key()).unwrap();
     let mut c = db.client();
     // A draw whose transaction rolls back: sequences are not transactional.
     c.batch_execute("BEGIN; SELECT nextval('lethe_guard.gen'); ROLLBACK")
@@ -1303,4 +1326,113 @@ both!(
     tenant_and_memory_scopes,
     a_schema_name_that_needs_quoting_is_quoted,
     an_application_role_without_rights_on_the_guard_is_guarded,
+    only_a_token_the_gate_issued_is_admitted,
 );
+
+/// The fencing token is the gate's MAC, not a number a writer can copy. After alice's erasure
+/// (epoch 1), a checkpoint or store write carrying the current epoch is refused with a token
+/// made up, one the gate issued to bob's lease, her own older lease's with its epoch raised,
+/// another lease id's, or one made under another deployment's key; the gate's own token for her
+/// is admitted. A guard keyed under another deployment key is not reinstalled over. Every
+/// other subject's rows are unchanged, byte for byte.
+fn only_a_token_the_gate_issued_is_admitted(version: u32) {
+    let srv = server(version);
+    let db = Db::new(&srv);
+    let mut c = db.client();
+    let (cp, st) = (checkpointer(&db.url, "public"), store(&db.url, "public"));
+    guard(&cp).install(&key()).unwrap();
+    guard(&st).install(&key()).unwrap();
+    let bystanders = others(&mut c, &srv.manifest, "acme", "alice");
+    let alice = scope("acme", "alice");
+    let f = Fence::of(&alice, Some(1), None);
+    for g in [&cp, &st] {
+        assert!(guard(g).close(&f).unwrap());
+        assert!(guard(g).open(&f).unwrap());
+    }
+    let genuine = token("acme", "alice", 1);
+    let (lease, macs) = genuine.split_once('.').unwrap();
+    assert_eq!(lease, "1");
+    let forged: [(&str, serde_json::Value); 7] = [
+        ("no token", serde_json::Value::Null),
+        (
+            "made up",
+            format!("1.{}.{}", "0".repeat(64), "0".repeat(64)).into(),
+        ),
+        ("not a string", 7.into()),
+        ("bob's lease's", token("acme", "bob", 1).into()),
+        (
+            "an older lease's, epoch raised",
+            token("acme", "alice", 0).into(),
+        ),
+        ("another lease id's", format!("2.{macs}").into()),
+        (
+            "another deployment's",
+            DeploymentKey::from_bytes([6; 32])
+                .guard_key()
+                .token(1, 1, 0, "acme", "alice")
+                .into(),
+        ),
+    ];
+    let lt002 = Some("LT002".to_string());
+    for (n, (what, tok)) in forged.iter().enumerate() {
+        let md = serde_json::json!({"tenant_id": "acme", "user_id": "alice", "lethe_epoch": 1, "lethe_token": tok});
+        assert_eq!(
+            write(
+                &mut c,
+                PUT_CHECKPOINT,
+                &[&format!("forged-{n}"), &"c1", &md.to_string()]
+            ),
+            lt002,
+            "a checkpoint with {what} token"
+        );
+        let v = serde_json::json!({"text": "back", "lethe_epoch": 1, "lethe_token": tok});
+        assert_eq!(
+            write(
+                &mut c,
+                PUT_ITEM,
+                &[
+                    &"acme.alice.memories",
+                    &format!("forged-{n}"),
+                    &v.to_string()
+                ]
+            ),
+            lt002,
+            "a store item with {what} token"
+        );
+    }
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_CHECKPOINT,
+            &[&"issued", &"c1", &meta("acme", "alice", Some(1))]
+        ),
+        None,
+        "the gate's token"
+    );
+    assert_eq!(
+        write(
+            &mut c,
+            PUT_ITEM,
+            &[&"acme.alice.memories", &"issued", &value(Some(1))]
+        ),
+        None,
+        "the gate's token"
+    );
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM checkpoints WHERE thread_id LIKE 'forged-%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+    // Another deployment's key does not replace this one.
+    let other = DeploymentKey::from_bytes([6; 32]).guard_key();
+    let e = guard(&cp).install(&other).unwrap_err().to_string();
+    assert!(e.contains("another deployment key"), "{e}");
+    guard(&cp).install(&key()).unwrap();
+    // The two rows this test wrote for alice, then everyone else's, byte for byte.
+    c.batch_execute("DELETE FROM checkpoints WHERE thread_id = 'issued'; DELETE FROM store WHERE key = 'issued'")
+        .unwrap();
+    assert_eq!(others(&mut c, &srv.manifest, "acme", "alice"), bystanders);
+}

@@ -81,9 +81,13 @@ pub enum Command {
   lethe erase --scope-file scope.json --basis ccpa --ticket DSR-77 --json
   lethe erase --tenant acme --subject u-42 --memory memories/k42 --basis gdpr-art17 --ticket T-9
   lethe erase --tenant acme --basis tenant-offboarding --ticket OFF-3 --drain-timeout 300
+  lethe erase --batch deletions.jsonl --basis account-closure --ticket BATCH-2026-12-06 --json
 
 Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `lethe resume`),
-4 held, 2 bad input (nothing touched).")]
+4 held, 2 bad input (nothing touched). A --batch exits with its worst job's code (0, then 4
+held, then 3 BLOCKED, then an error's own code).",
+        mut_arg("tenant", |a| a.required_unless_present_any(["scope_file", "batch"]))
+    )]
     Erase(EraseArgs),
     /// Count what is left for a scope in every target, hidden rows included (expired items,
     /// orphaned vectors). Exit 1 if anything is left. With --physical --job: look again in the
@@ -309,9 +313,18 @@ pub struct EraseArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub drain_timeout: u64,
     /// Print JSON: {"job_id", "continued", "state", "blocked_reason", "blocked_target",
-    /// "certificate"}.
+    /// "certificate"}; with --batch, an array of those, one per line of the file, each with
+    /// its "line" (and "error" instead for a scope that failed outside its job).
     #[arg(long)]
     pub json: bool,
+    /// Erase a backlog: one scope per line of FILE ("-": standard input), each a JSON object as
+    /// --scope-file reads it ({"tenant": "acme", "subject": "u-42"}, with "memory" and
+    /// "version" for one memory; blank lines skipped). Each scope is its own job, with its own
+    /// journal entries and certificate, under the same --basis, --ticket and deadline; the
+    /// file is read and every scope checked before anything is touched. One scope's BLOCKED
+    /// job leaves the others to run.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tenant", "subject", "memory", "version", "scope_file"])]
+    pub batch: Option<PathBuf>,
 }
 
 /// `lethe guard ...`
@@ -520,12 +533,26 @@ pub enum HoldCommand {
 /// `lethe journal ...`
 #[derive(Subcommand, Debug)]
 pub enum JournalCommand {
-    /// Walk the hash chain and replay every job; exit 1 if an entry was edited, reordered or
-    /// removed.
+    /// Walk the hash chain, replay every job and check the chain's seals under the deployment's
+    /// public key; exit 1 if an entry was edited, reordered or removed, or rewritten after a
+    /// seal signed it (even with every hash after it recomputed).
+    ///
+    /// Each job's completion seals the chain (signs its head with the deployment key, the
+    /// certificates' key); `--seal` seals the verified head now (a journal from before seals,
+    /// or before a backup of the control store).
     Verify {
-        /// Print JSON.
+        /// Print JSON: intact, entries, jobs, problems, sealed (the latest valid seal:
+        /// {"entry", "covers"}, or null), sealed_now.
         #[arg(long)]
         json: bool,
+        /// After verifying an intact chain, seal it: sign its head with the deployment key.
+        #[arg(long, conflicts_with = "public_key")]
+        seal: bool,
+        /// Check the seals under this public key (ed25519:<hex>, as certificates'
+        /// `signed_by`) instead of the deployment key's: for an auditor with the config's
+        /// journal but not the key file.
+        #[arg(long, value_name = "KEY")]
+        public_key: Option<String>,
     },
 }
 

@@ -74,6 +74,18 @@ pub(crate) fn outcome_code(o: &Outcome) -> i32 {
     }
 }
 
+/// A job's outcome as `erase --json` prints it.
+pub(crate) fn outcome_json(o: &Outcome) -> serde_json::Value {
+    json!({
+        "job_id": o.job_id,
+        "continued": o.continued,
+        "state": o.state,
+        "blocked_reason": o.blocked_reason,
+        "blocked_target": o.blocked_target,
+        "certificate": o.certificate,
+    })
+}
+
 pub(crate) fn print_outcome(o: &Outcome, json: bool) {
     // A certificate of nothing is valid, but a mistyped identifier (another case, a stray
     // space) produces exactly that, and the certificate only holds a hash: say so, on stderr.
@@ -94,14 +106,7 @@ pub(crate) fn print_outcome(o: &Outcome, json: bool) {
         }
     }
     if json {
-        print_json(&json!({
-            "job_id": o.job_id,
-            "continued": o.continued,
-            "state": o.state,
-            "blocked_reason": o.blocked_reason,
-            "blocked_target": o.blocked_target,
-            "certificate": o.certificate,
-        }));
+        print_json(&outcome_json(o));
         return;
     }
     if o.continued {

@@ -196,3 +196,77 @@ pub(crate) fn parse_scope(s: &ScopeIds) -> Result<Scope, Exit> {
         })
     })
 }
+
+/// The longest line of a `--batch` file: one scope, as a `--scope-file` holds.
+const MAX_BATCH_LINE: usize = MAX_SCOPE_FILE as usize;
+
+/// Reads a `--batch` file (`-`: standard input): one scope a line, as `--scope-file` reads one
+/// (blank lines skipped). Every line is parsed and checked before the caller touches anything;
+/// a line that is not a scope, or a scope given twice, refuses the whole batch, naming the line
+/// by its number, never its content. Returns each scope with its line number.
+pub(crate) fn read_batch(file: &Path) -> Result<Vec<(usize, Scope)>, Exit> {
+    use std::io::BufRead;
+    let shown = if file.as_os_str() == "-" {
+        "standard input".to_string()
+    } else {
+        file.display().to_string()
+    };
+    let reader: Box<dyn BufRead> = if file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(std::fs::File::open(file).map_err(
+            |e| bad(format!("cannot read the --batch file ({shown}): {e}")),
+        )?))
+    };
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashMap::new();
+    for (i, line) in reader.split(b'\n').enumerate() {
+        let n = i + 1;
+        let line = line.map_err(|e| bad(format!("cannot read the --batch file ({shown}): {e}")))?;
+        if line.len() > MAX_BATCH_LINE {
+            return Err(bad(format!(
+                "line {n} of the --batch file ({shown}) is over {} KiB; a line holds one scope",
+                MAX_BATCH_LINE / 1024
+            )));
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let mut ids: ScopeIds = serde_json::from_slice::<lethe_core::Object<ScopeIds>>(&line)
+            .map(lethe_core::Object::into_inner)
+            .map_err(|e| {
+                bad(format!(
+                    "line {n} of the --batch file ({shown}) is not a scope: {}; write one JSON \
+                     object a line, as {{\"tenant\": \"acme\", \"subject\": \"u-42\"}} (with \
+                     \"memory\" and \"version\" for one memory); nothing was touched",
+                    lethe_core::redact_quoted(&e.to_string())
+                ))
+            })?;
+        ids.origin = Origin::File;
+        let scope = parse_scope(&ids).map_err(|Exit(code, e)| {
+            Exit(
+                code,
+                anyhow::anyhow!(
+                    "line {n} of the --batch file ({shown}): {}; nothing was touched",
+                    e.to_string().replace("the --scope-file's ", "its ")
+                ),
+            )
+        })?;
+        // The scope's canonical JSON as the key: held here only, never shown.
+        let key = serde_json::to_string(&scope).unwrap_or_default();
+        if let Some(first) = seen.insert(key, n) {
+            return Err(bad(format!(
+                "lines {first} and {n} of the --batch file ({shown}) are the same scope; give \
+                 each once (nothing was touched)"
+            )));
+        }
+        warn_if_lookalike(&ids, "the erasure covers");
+        out.push((n, scope));
+    }
+    if out.is_empty() {
+        return Err(bad(format!(
+            "the --batch file ({shown}) holds no scope: write one JSON object a line"
+        )));
+    }
+    Ok(out)
+}

@@ -96,16 +96,34 @@ impl Sink {
 }
 
 /// A granted lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct Lease {
     /// Its id.
     pub lease_id: i64,
-    /// The subject's epoch: the fencing token to copy into what the run writes.
+    /// The subject's epoch.
     pub epoch: u64,
     /// The tenant's epoch.
     pub tenant_epoch: u64,
+    /// The gate's fencing token for this lease (a MAC over it, its epochs and its owner): what
+    /// the database guard checks. Empty from a server older than guard version 7.
+    #[serde(default)]
+    pub token: String,
     /// When its TTL ends (ms since the Unix epoch).
     pub expires_ms: i64,
+}
+
+impl Lease {
+    /// The keys a run copies into what it writes, for the database guard: `lethe_epoch`,
+    /// `lethe_tenant_epoch` and `lethe_token`. For LangGraph, into the run config's `metadata`
+    /// (copied into every checkpoint) and into each store item's value (docs/gate.md,
+    /// "Fencing tokens").
+    pub fn fencing(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("lethe_epoch".into(), self.epoch.into());
+        m.insert("lethe_tenant_epoch".into(), self.tenant_epoch.into());
+        m.insert("lethe_token".into(), self.token.clone().into());
+        m
+    }
 }
 
 /// A granted permit: its id, and the key its take carried, which ending it shows (a keyed

@@ -211,7 +211,9 @@ pub(crate) fn target_error(e: AdapterError) -> EngineError {
     }
 }
 
-fn open_journal(config: &Config) -> Result<Journal, EngineError> {
+/// Opens the control store the config names: a folder that does not exist or a URL Lethe does
+/// not know is the configuration's mistake.
+pub fn open_journal(config: &Config) -> Result<Journal, EngineError> {
     // A SQLite journal in a folder that does not exist is the configuration's mistake (exit 2),
     // not the database failing (newcomer review: it exited 1, "internal error").
     if let Some(path) = config.journal.strip_prefix("sqlite:") {

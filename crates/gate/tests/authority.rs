@@ -56,8 +56,13 @@ fn fence_drain_and_reopen(a: Authority<'_>, j: &Journal) {
     assert_eq!(a.undrained(&id).unwrap(), 0);
     j.record(AT, &id, &Entry::Drained).unwrap();
     j.record(AT, &id, &Entry::TargetsErased).unwrap();
-    j.complete(AT, &id, &serde_json::json!({"test": true}))
-        .unwrap();
+    j.complete(
+        AT,
+        &id,
+        &serde_json::json!({"test": true}),
+        &lethe_core::keys::DeploymentKey::from_bytes([1; 32]).signing_key(),
+    )
+    .unwrap();
     a.job_completed(&id);
     let fresh = a.take_lease(NOW, &acme, &alice, &[], TTL).unwrap();
     assert_eq!(fresh.epoch, 1);

@@ -105,8 +105,13 @@ fn subject_scope(tn: &str, sb: &str) -> Scope {
 fn complete(j: &Journal, g: &MemoryGate, id: &str) {
     j.record(AT, id, &Entry::Drained).unwrap();
     j.record(AT, id, &Entry::TargetsErased).unwrap();
-    j.complete(AT, id, &serde_json::json!({"test": true}))
-        .unwrap();
+    j.complete(
+        AT,
+        id,
+        &serde_json::json!({"test": true}),
+        &lethe_core::keys::DeploymentKey::from_bytes([1; 32]).signing_key(),
+    )
+    .unwrap();
     g.job_completed(id);
 }
 

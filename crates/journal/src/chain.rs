@@ -7,12 +7,19 @@
 //! replays every job's transitions and compares the job table and inventory counts, from which
 //! certificates are built, with what the entries record.
 //!
-//! What it does not stop: someone with write access who recomputes the whole chain, or cuts
-//! its newest entries and rewrites the head. Signed certificates, kept elsewhere, are the
-//! anchor against that.
+//! Seals make the chain keyed: at each job's completion (in its transaction) and on `lethe
+//! journal verify --seal`, an [`Entry::Sealed`] signs the head with the deployment's Ed25519
+//! key (the certificates' key), listing the hash of every entry since the previous seal. Someone
+//! with write access but no key who rewrites an entry and recomputes every hash after it
+//! cannot sign the new chain: verification under the public key names the rewritten entry.
+//!
+//! What it does not stop: someone with write access who cuts the newest entries (seals
+//! included) and rewrites the head, or removes every seal, so the chain looks like one from
+//! before seals. Signed certificates, kept elsewhere, are the anchor against that.
 
 use std::collections::{BTreeMap, HashMap};
 
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use lethe_core::state::{transition, JobState};
 use sha2::{Digest, Sha256};
 
@@ -106,6 +113,90 @@ pub(crate) fn append(tx: &mut dyn Tx, at: &str, job: Option<&str>, entry: &Entry
     Ok(seq)
 }
 
+/// The most entry hashes one seal lists. Only the first seal of a journal older than seals has
+/// more entries behind it; a rewrite among its unlisted ones is still detected (the listed
+/// first entry's hash covers them), but named only as "at or before" that entry.
+const SEAL_LIST_MAX: i64 = 10_000;
+
+/// What a seal's signature covers: the entries `from..=to` and each one's chain hash (the last
+/// is the head's, which covers every entry before it), under a label of its own, so a seal's
+/// signature is never a certificate's (whose message is JSON) nor the other way round.
+pub fn seal_message(from: u64, to: u64, hashes: &[String]) -> Vec<u8> {
+    let mut m = b"lethe/v1/journal-seal\n".to_vec();
+    for part in [from.to_string(), to.to_string()]
+        .iter()
+        .map(String::as_str)
+        .chain(hashes.iter().map(String::as_str))
+    {
+        m.extend((part.len() as u64).to_be_bytes());
+        m.extend(part.as_bytes());
+    }
+    m
+}
+
+/// Appends a seal of the chain up to entry `to` (the head when `None`) inside `tx`, which
+/// holds the write lock. `expect`: the hash entry `to` must still have (what was verified).
+/// `None` when the previous seal covers `to` already.
+pub(crate) fn seal_tx(
+    tx: &mut dyn Tx,
+    at: &str,
+    key: &SigningKey,
+    to: Option<(i64, &str)>,
+) -> Result<Option<Seal>> {
+    // The entries since the previous seal (whose end `sealed_to` records), newest first, at
+    // most SEAL_LIST_MAX of them.
+    let mut rows = tx
+        .rows(
+            "SELECT seq, hash FROM journal WHERE seq <= $1 AND seq > \
+             COALESCE((SELECT CAST(v AS BIGINT) FROM lethe_meta WHERE k = 'sealed_to'), 0) \
+             ORDER BY seq DESC LIMIT $2",
+            &[V::I(to.map_or(i64::MAX, |t| t.0)), V::I(SEAL_LIST_MAX)],
+        )
+        .map_err(db)?;
+    rows.reverse();
+    let Some(last) = rows.last() else {
+        return Ok(None);
+    };
+    let head = last[0].i().unwrap_or(0);
+    if let Some((seq, hash)) = to {
+        if head != seq || last[1].text() != hash {
+            return Err(JournalError::Broken(format!(
+                "entry {seq} changed after it was verified: not sealed"
+            )));
+        }
+    }
+    let from = rows[0][0].i().unwrap_or(head) as u64;
+    let hashes: Vec<String> = rows.iter().map(|r| r[1].text()).collect();
+    let signature = key.sign(&seal_message(from, head as u64, &hashes));
+    let entry = Entry::Sealed {
+        from,
+        to: head as u64,
+        hashes,
+        signed_by: lethe_core::certificate::key_name(&key.verifying_key()),
+        signature: hex::encode(signature.to_bytes()),
+    };
+    let seq = append(tx, at, None, &entry)?;
+    tx.exec(
+        "INSERT INTO lethe_meta (k, v) VALUES ('sealed_to', $1) \
+         ON CONFLICT (k) DO UPDATE SET v = excluded.v",
+        &[head.to_string().into()],
+    )
+    .map_err(db)?;
+    Ok(Some(Seal {
+        entry: seq as u64,
+        covers: head as u64,
+    }))
+}
+
+/// A seal: the entry that holds it and the last entry it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Seal {
+    /// The seal's own entry.
+    pub entry: u64,
+    /// The last entry it signs (every entry up to it is covered).
+    pub covers: u64,
+}
+
 /// What `verify` found.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ChainReport {
@@ -115,6 +206,10 @@ pub struct ChainReport {
     pub jobs: u64,
     /// Problems, first one first. Empty means the chain is intact.
     pub problems: Vec<String>,
+    /// The latest seal whose signature verified under the key given, if one was given and
+    /// the chain has one. `None` with a key: the chain has no valid seal (a journal from
+    /// before seals, until `lethe journal verify --seal`; or one whose seals were removed).
+    pub sealed: Option<Seal>,
     /// The last entry checked, `(seq, hash)`: where the next [`Journal::check_chain`] starts.
     #[serde(skip)]
     last: Option<(i64, String)>,
@@ -257,14 +352,26 @@ fn hold_table_problems(tx: &mut dyn Tx, holds: &BTreeMap<String, bool>) -> Resul
     Ok(problems)
 }
 
-fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
+fn verify_tx(tx: &mut dyn Tx, key: Option<&VerifyingKey>) -> Result<ChainReport> {
     let mut problems = Vec::new();
-    let rows = tx
+    let rows: Vec<ChainRow> = tx
         .rows(
             "SELECT seq, format, at, job_id, kind, body, prev_hash, hash FROM journal ORDER BY seq",
             &[],
         )
-        .map_err(db)?;
+        .map_err(db)?
+        .into_iter()
+        .map(|r| ChainRow {
+            seq: r[0].i().unwrap_or(-1),
+            format: r[1].i().unwrap_or(-1),
+            at: r[2].text(),
+            job: r[3].t().map(str::to_owned),
+            kind: r[4].text(),
+            body: r[5].text(),
+            prev_hash: r[6].text(),
+            hash: r[7].text(),
+        })
+        .collect();
     let mut expected_seq = 1i64;
     let mut prev = GENESIS.to_string();
     let mut states: HashMap<String, JobState> = HashMap::new();
@@ -272,16 +379,15 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
     // Holds placed and released, as the chain records them.
     let mut holds: BTreeMap<String, bool> = BTreeMap::new();
     let entries = rows.len() as u64;
-    for r in rows {
-        let seq = r[0].i().unwrap_or(-1);
-        let format = r[1].i().unwrap_or(-1);
+    for r in &rows {
+        let (seq, format) = (r.seq, r.format);
         let (at, job, kind, body, prev_hash, hash) = (
-            r[2].text(),
-            r[3].t().map(str::to_owned),
-            r[4].text(),
-            r[5].text(),
-            r[6].text(),
-            r[7].text(),
+            r.at.clone(),
+            r.job.clone(),
+            r.kind.clone(),
+            r.body.clone(),
+            r.prev_hash.clone(),
+            r.hash.clone(),
         );
         if seq != expected_seq {
             problems.push(format!(
@@ -362,6 +468,7 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         expected_seq = seq + 1;
     }
     problems.extend(head_problem(tx, expected_seq - 1, &prev, entries)?);
+    let sealed = key.and_then(|k| seal_problems(&rows, k, &mut problems));
     let jobs = job_table_problems(tx, &states, &mut problems)?;
     for (job, f) in &facts {
         problems.extend(projection_problems(tx, job, f)?);
@@ -371,8 +478,132 @@ fn verify_tx(tx: &mut dyn Tx) -> Result<ChainReport> {
         entries,
         jobs,
         problems,
+        sealed,
         last: (expected_seq > 1).then(|| (expected_seq - 1, prev)),
     })
+}
+
+/// One entry's row as the chain verification reads it.
+struct ChainRow {
+    seq: i64,
+    format: i64,
+    at: String,
+    job: Option<String>,
+    kind: String,
+    body: String,
+    prev_hash: String,
+    hash: String,
+}
+
+impl ChainRow {
+    /// The entry's chain hash if the entry before it had hash `prev`.
+    fn hash_after(&self, prev: &str) -> String {
+        entry_hash(
+            prev,
+            self.seq,
+            self.format,
+            &self.at,
+            self.job.as_deref(),
+            &self.kind,
+            &self.body,
+        )
+    }
+}
+
+/// Checks every seal of the chain under `key`, in order: its signature, then each entry it
+/// lists against the entry's content now (recomputed from the hash the seal lists before it,
+/// so a rewrite is named at the entry rewritten, not at every entry after it). Then every
+/// completion must be covered by a seal, once the chain has one. Returns the latest valid seal.
+fn seal_problems(
+    rows: &[ChainRow],
+    key: &VerifyingKey,
+    problems: &mut Vec<String>,
+) -> Option<Seal> {
+    let at: HashMap<i64, &ChainRow> = rows.iter().map(|r| (r.seq, r)).collect();
+    let mut latest: Option<Seal> = None;
+    // The last entry a valid seal listed, and the hash it listed for it.
+    let mut listed_to: Option<(i64, String)> = None;
+    let mut completions = Vec::new();
+    for r in rows {
+        let entry = match serde_json::from_str::<Entry>(&r.body) {
+            Ok(e) => e,
+            Err(_) => continue, // reported by the walk already
+        };
+        let Entry::Sealed {
+            from,
+            to,
+            hashes,
+            signature,
+            ..
+        } = entry
+        else {
+            if matches!(entry, Entry::Completed { .. }) {
+                completions.push(r.seq);
+            }
+            continue;
+        };
+        let signed = hex::decode(&signature)
+            .ok()
+            .and_then(|b| Signature::from_slice(&b).ok())
+            .is_some_and(|sig| {
+                key.verify_strict(&seal_message(from, to, &hashes), &sig)
+                    .is_ok()
+            });
+        let (from, to) = (from as i64, to as i64);
+        if !signed || hashes.len() as i64 != to - from + 1 || to >= r.seq {
+            problems.push(format!(
+                "entry {} is a seal whose signature does not verify under the public key given (forged, or signed with another key)",
+                r.seq
+            ));
+            continue;
+        }
+        // The hash before `from`: the previous seal's last listed one when it lists up to
+        // there, else (the first seal of an older journal) what the store says.
+        let follows = listed_to.as_ref().filter(|(seq, _)| *seq == from - 1);
+        for (i, listed) in hashes.iter().enumerate() {
+            let seq = from + i as i64;
+            let Some(row) = at.get(&seq) else {
+                problems.push(format!(
+                    "entry {seq}, sealed by entry {}, is missing",
+                    r.seq
+                ));
+                break;
+            };
+            let prev = match (i, follows) {
+                (0, Some((_, h))) => h.clone(),
+                (0, None) if from == 1 => GENESIS.to_string(),
+                (0, None) => row.prev_hash.clone(),
+                _ => hashes[i - 1].clone(),
+            };
+            if &row.hash_after(&prev) != listed {
+                problems.push(if i == 0 && follows.is_none() && from > 1 {
+                    format!(
+                        "entry {seq} or an entry before it was rewritten after entry {} sealed it",
+                        r.seq
+                    )
+                } else {
+                    format!(
+                        "entry {seq} was rewritten after entry {} sealed it: its content is not what was signed",
+                        r.seq
+                    )
+                });
+            }
+        }
+        listed_to = hashes.last().map(|h| (to, h.clone()));
+        latest = Some(Seal {
+            entry: r.seq as u64,
+            covers: to as u64,
+        });
+    }
+    if let Some(seal) = latest {
+        // Each completion seals itself: one after the latest seal lost its seal.
+        for seq in completions.iter().filter(|s| **s > seal.covers as i64) {
+            problems.push(format!(
+                "entry {seq} completed a job but no seal covers it (its seal was removed)"
+            ));
+        }
+    }
+    latest
 }
 
 /// What the chain says of one job that the job table and `target_progress` project: the
@@ -695,9 +926,32 @@ impl Journal {
     /// Walks the whole chain and replays every job. Read-only, but for one record: an intact
     /// chain's head becomes the mark [`Journal::check_chain`] starts from.
     pub fn verify_chain(&self) -> Result<ChainReport> {
+        self.verify_chain_under(None)
+    }
+
+    /// [`Journal::verify_chain`], and every seal checked under the deployment's public key
+    /// `key`: a seal that does not verify, an entry rewritten after a seal signed it (named
+    /// by its sequence number) and a completion no seal covers are problems.
+    /// [`ChainReport::sealed`] is the latest valid seal.
+    pub fn verify_sealed(&self, key: &VerifyingKey) -> Result<ChainReport> {
+        self.verify_chain_under(Some(key))
+    }
+
+    /// Seals what `report` verified (its last entry) with the deployment's key, if the chain
+    /// is intact and the latest seal does not cover it already; `Err(Broken)` if that entry
+    /// changed since. The seal is appended at the head: the entries after the verified one are
+    /// covered by the next seal.
+    pub fn seal(&self, at: &str, key: &SigningKey, report: &ChainReport) -> Result<Option<Seal>> {
+        let Some((seq, hash)) = report.last.as_ref().filter(|_| report.is_intact()) else {
+            return Ok(None);
+        };
+        self.write_entry(|tx| seal_tx(tx, at, key, Some((*seq, hash))))
+    }
+
+    fn verify_chain_under(&self, key: Option<&VerifyingKey>) -> Result<ChainReport> {
         // One snapshot: an entry appended by another process between reading the entries and
         // the head would otherwise look like a cut.
-        let report = self.read_snapshot(verify_tx)?;
+        let report = self.read_snapshot(|tx| verify_tx(tx, key))?;
         if let (true, Some(last)) = (report.is_intact(), &report.last) {
             // Best effort: a journal this process may only read is still verified.
             if let Err(e) = self.write(|tx| set_checked_mark(tx, last)) {

@@ -175,6 +175,22 @@ pub enum Entry {
         /// Its id.
         hold_id: String,
     },
+    /// The chain up to entry `to`, signed with the deployment's Ed25519 key (at each job's
+    /// completion, in its transaction, and by `lethe journal verify --seal`): someone who
+    /// rewrites an entry and recomputes every hash after it cannot sign the new chain.
+    Sealed {
+        /// The first entry `hashes` lists: the entry after the previous seal's `to`.
+        from: u64,
+        /// The entry sealed: the chain's head at the seal.
+        to: u64,
+        /// The chain hash of each entry from `from` to `to`, so a rewritten entry is named by
+        /// its sequence number, not only detected.
+        hashes: Vec<String>,
+        /// The public key that signed (`ed25519:<hex>`).
+        signed_by: String,
+        /// Ed25519 signature (hex) over `chain::seal_message(from, to, hashes)`.
+        signature: String,
+    },
 }
 
 impl Entry {

@@ -646,19 +646,32 @@ impl Journal {
     }
 
     /// Completes a job: journals `VerifiedClean` and `Completed`, stores the certificate,
-    /// opens the job's fence and drops its inventory locators, all in one transaction.
+    /// opens the job's fence, drops its inventory locators and seals the chain with `key` (the
+    /// deployment's signing key, the certificate's), all in one transaction.
     ///
     /// On SQLite the write-ahead log is then checkpointed and truncated: the dropped locators'
     /// pages are zeroed in the database file (`secure_delete`), but their earlier copies stay in
     /// the `-wal` until it is reset, which a long-running `lethe serve` would otherwise never
     /// do (review). A reader still in the log leaves it for the next completion; not an error.
-    pub fn complete(&self, at: &str, job_id: &str, certificate: &serde_json::Value) -> Result<()> {
-        self.complete_tx(at, job_id, certificate)?;
+    pub fn complete(
+        &self,
+        at: &str,
+        job_id: &str,
+        certificate: &serde_json::Value,
+        key: &ed25519_dalek::SigningKey,
+    ) -> Result<()> {
+        self.complete_tx(at, job_id, certificate, key)?;
         self.truncate_wal();
         Ok(())
     }
 
-    fn complete_tx(&self, at: &str, job_id: &str, certificate: &serde_json::Value) -> Result<()> {
+    fn complete_tx(
+        &self,
+        at: &str,
+        job_id: &str,
+        certificate: &serde_json::Value,
+        key: &ed25519_dalek::SigningKey,
+    ) -> Result<()> {
         self.write_entry(|tx| {
             apply(tx, at, job_id, &Entry::VerifiedClean)?;
             let canonical = lethe_core::certificate::canonical_json(certificate);
@@ -679,6 +692,8 @@ impl Journal {
                     certificate_sha256: digest,
                 },
             )?;
+            // The completion's own entry is the head the seal signs.
+            crate::chain::seal_tx(tx, at, key, None)?;
             Ok(())
         })
     }

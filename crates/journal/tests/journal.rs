@@ -100,6 +100,28 @@ impl Store {
         }
     }
 
+    /// Every row of a query whose columns are all text (or NULL).
+    fn text_rows(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        match self {
+            Store::Sqlite(d) => {
+                let c = Connection::open(d.path().join("j.db")).unwrap();
+                let mut q = c.prepare(sql).unwrap();
+                let n = q.column_count();
+                q.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect()
+            }
+            Store::Postgres { url, .. } => connect(url)
+                .unwrap()
+                .query(sql, &[])
+                .unwrap()
+                .iter()
+                .map(|r| (0..r.len()).map(|i| r.get(i)).collect())
+                .collect(),
+        }
+    }
+
     fn count(&self, sql: &str) -> i64 {
         match self {
             Store::Sqlite(d) => Connection::open(d.path().join("j.db"))
@@ -176,6 +198,9 @@ both!(
     sendings_of_one_keyed_take_racing_register_one_permit,
     a_freeze_outside_the_gate_authority_is_refused_and_touches_nothing,
     the_start_check_covers_every_entry_since_the_last_check,
+    a_rewrite_with_every_hash_recomputed_is_named_by_the_seal,
+    a_removed_or_forged_seal_is_a_problem,
+    verify_seal_signs_the_verified_head_and_the_next_seal_follows_it,
 );
 
 /// While one journal holds the store's gate authority (an in-process gate's, which knows only
@@ -392,7 +417,7 @@ fn job(j: &Journal, id: &str, scope: Scope) -> String {
 fn complete_frozen(j: &Journal, id: &str) {
     j.record(AT, id, &Entry::Drained).unwrap();
     j.record(AT, id, &Entry::TargetsErased).unwrap();
-    j.complete(AT, id, &serde_json::json!({"test": true}))
+    j.complete(AT, id, &serde_json::json!({"test": true}), &signing_key())
         .unwrap();
 }
 
@@ -1735,7 +1760,7 @@ fn an_extended_inventory_adds_to_each_allowance_and_completion_drops_every_locat
     );
     j.record(AT, &a, &Entry::Resumed).unwrap();
     j.record(AT, &a, &Entry::TargetsErased).unwrap();
-    j.complete(AT, &a, &serde_json::json!({"test": true}))
+    j.complete(AT, &a, &serde_json::json!({"test": true}), &signing_key())
         .unwrap();
     let left = |job: &str| match st {
         Store::Sqlite(_) => st.count(&format!(
@@ -1852,4 +1877,177 @@ fn a_new_sqlite_journal_is_readable_by_its_owner_only() {
             .mode();
         assert_eq!(mode & 0o077, 0, "{f}: {mode:o}");
     }
+}
+
+/// The test deployment's signing key (seals at completion).
+fn signing_key() -> ed25519_dalek::SigningKey {
+    lethe_core::keys::DeploymentKey::from_bytes([1; 32]).signing_key()
+}
+
+/// What an attacker with write access and no key does after editing entries: recompute every
+/// entry's hash and link, and the head, exactly as `chain.rs` computes them (its algorithm is
+/// public), so the unkeyed chain verifies again.
+fn recompute_chain(st: &Store) {
+    use sha2::{Digest, Sha256};
+    let rows = st.text_rows(
+        "SELECT CAST(seq AS TEXT), CAST(format AS TEXT), at, job_id, kind, body FROM journal ORDER BY journal.seq",
+    );
+    let mut prev = "0".repeat(64);
+    let mut sql = String::new();
+    for r in &rows {
+        let part = |i: usize| r[i].clone().unwrap_or_default();
+        let mut h = Sha256::new();
+        for p in [
+            prev.clone(),
+            part(0),
+            part(1),
+            part(2),
+            part(3),
+            part(4),
+            part(5),
+        ] {
+            h.update((p.len() as u64).to_be_bytes());
+            h.update(p.as_bytes());
+        }
+        let hash = hex::encode(h.finalize());
+        sql += &format!(
+            "UPDATE journal SET prev_hash = '{prev}', hash = '{hash}' WHERE seq = {};",
+            part(0)
+        );
+        prev = hash;
+    }
+    let last = rows.last().unwrap()[0].clone().unwrap();
+    sql += &format!("UPDATE lethe_meta SET v = '{last}:{prev}' WHERE k = 'head';");
+    st.raw(&sql);
+}
+
+fn public_key() -> ed25519_dalek::VerifyingKey {
+    signing_key().verifying_key()
+}
+
+/// Two jobs completed (each completion seals the chain), one left blocked after them.
+fn seed_sealed(st: &Store) -> Journal {
+    let j = st.open();
+    for (id, sb) in [("del-a", "alice"), ("del-c", "carol")] {
+        let id = job(&j, id, subject_scope("acme", sb));
+        j.freeze(AT, &id, None).unwrap();
+        complete_frozen(&j, &id);
+    }
+    let b = job(&j, "del-b", subject_scope("acme", "bob"));
+    run_to_blocked(&j, &b);
+    j
+}
+
+/// The journal's seq of the first entry of `kind`.
+fn seq_of(st: &Store, kind: &str, nth: usize) -> i64 {
+    st.text_rows(&format!(
+        "SELECT CAST(seq AS TEXT) FROM journal WHERE kind = '{kind}' ORDER BY journal.seq"
+    ))[nth][0]
+        .clone()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// An entry rewritten and every hash after it recomputed, the head too: the unkeyed chain
+/// verifies (the attack is real), and under the public key alone the seal names the entry by
+/// its sequence number, not its content, and only that entry.
+fn a_rewrite_with_every_hash_recomputed_is_named_by_the_seal(st: Store) {
+    let j = seed_sealed(&st);
+    let r = j.verify_sealed(&public_key()).unwrap();
+    assert!(r.is_intact(), "{:?}", r.problems);
+    let sealed = r.sealed.expect("each completion seals the chain");
+    let second_completion = seq_of(&st, "completed", 1) as u64;
+    assert_eq!(sealed.covers, second_completion);
+    assert_eq!(sealed.entry, second_completion + 1);
+    // The first job's request: its ticket rewritten, then the whole chain recomputed.
+    st.raw("UPDATE journal SET body = replace(body, 'T-1', 'T-REWRITTEN') WHERE seq = 1");
+    recompute_chain(&st);
+    let unkeyed = st.open().verify_chain().unwrap();
+    assert!(unkeyed.is_intact(), "{:?}", unkeyed.problems);
+    let p = st.open().verify_sealed(&public_key()).unwrap().problems;
+    assert_eq!(
+        p,
+        vec![
+            "entry 1 was rewritten after entry 7 sealed it: its content is not what was signed"
+                .to_string()
+        ],
+        "the first seal names entry 1 and nothing else"
+    );
+    assert!(!p
+        .iter()
+        .any(|p| p.contains("REWRITTEN") || p.contains("alice")));
+    // An entry of the second job, after the first seal, is named by the second.
+    st.raw("UPDATE journal SET body = replace(body, 'T-REWRITTEN', 'T-1') WHERE seq = 1");
+    let drained = seq_of(&st, "drained", 1);
+    st.raw(&format!(
+        "UPDATE journal SET at = '2026-12-02T09:00:00Z' WHERE seq = {drained}"
+    ));
+    recompute_chain(&st);
+    let p = st.open().verify_sealed(&public_key()).unwrap().problems;
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with(&format!("entry {drained} was rewritten")),
+        "{p:?}"
+    );
+}
+
+/// A seal removed (and the chain recomputed) leaves its completion unsealed; a seal signed
+/// with another key, or checked under another key, does not verify.
+fn a_removed_or_forged_seal_is_a_problem(st: Store) {
+    let j = seed_sealed(&st);
+    let other = DeploymentKey::from_bytes([2; 32]).verifying_key();
+    let p = j.verify_sealed(&other).unwrap().problems;
+    assert_eq!(
+        p.iter().filter(|p| p.contains("does not verify")).count(),
+        2,
+        "{p:?}"
+    );
+    // The second seal cut out and every entry after it renumbered and rehashed.
+    let seal = seq_of(&st, "sealed", 1);
+    st.raw(&format!(
+        "DELETE FROM journal WHERE seq = {seal}; UPDATE journal SET seq = seq - 1 WHERE seq > {seal};"
+    ));
+    recompute_chain(&st);
+    assert!(st.open().verify_chain().unwrap().is_intact());
+    let p = st.open().verify_sealed(&public_key()).unwrap().problems;
+    let completed = seq_of(&st, "completed", 1);
+    assert_eq!(
+        p,
+        vec![format!(
+            "entry {completed} completed a job but no seal covers it (its seal was removed)"
+        )]
+    );
+}
+
+/// `journal verify --seal`: an intact chain's verified head is signed, the next completion's
+/// seal lists the entries after it, and a tampered chain is not sealed.
+fn verify_seal_signs_the_verified_head_and_the_next_seal_follows_it(st: Store) {
+    let j = st.open();
+    let a = job(&j, "del-a", subject_scope("acme", "alice"));
+    run_to_blocked(&j, &a);
+    let r = j.verify_sealed(&public_key()).unwrap();
+    assert_eq!(r.sealed, None, "no completion yet");
+    let seal = j.seal(AT, &signing_key(), &r).unwrap().expect("sealed");
+    assert_eq!((seal.covers, seal.entry), (4, 5));
+    assert_eq!(
+        j.seal(AT, &signing_key(), &r).unwrap(),
+        None,
+        "covered already"
+    );
+    let b = job(&j, "del-b", subject_scope("acme", "bob"));
+    j.freeze(AT, &b, None).unwrap();
+    complete_frozen(&j, &b);
+    let r = j.verify_sealed(&public_key()).unwrap();
+    assert!(r.is_intact(), "{:?}", r.problems);
+    assert_eq!(r.sealed.unwrap().covers, seq_of(&st, "completed", 0) as u64);
+    // Both seals' lists join up: entry 5 (the first seal) is listed by the second.
+    let second = st.text_rows("SELECT body FROM journal WHERE kind = 'sealed' ORDER BY seq");
+    let body: serde_json::Value = serde_json::from_str(second[1][0].as_deref().unwrap()).unwrap();
+    assert_eq!(body["from"], 5);
+    // Tampered: verified broken, and not sealed.
+    st.raw("UPDATE journal SET body = body || ' ' WHERE seq = 2");
+    let r = j.verify_sealed(&public_key()).unwrap();
+    assert!(!r.is_intact());
+    assert_eq!(j.seal(AT, &signing_key(), &r).unwrap(), None);
 }

@@ -326,6 +326,7 @@ async fn take_lease(
     }
     let now = state.clock.now();
     let expires_ms = (now.unix_timestamp_nanos() / 1_000_000) as i64 + ttl as i64;
+    let owner = (tenant.clone(), subject.clone());
     let lease = match &state.pg {
         Some(pg) => pg.take_lease(&tenant, &subject, &reads, expires_ms).await?,
         None => {
@@ -335,10 +336,19 @@ async fn take_lease(
             .await?
         }
     };
+    // The fencing token the database guard checks: only a holder of the deployment key makes
+    // one, so a writer that never took a lease cannot (docs/gate.md, "Fencing tokens").
+    let token = state.engine.key().guard_key().token(
+        lease.id,
+        lease.epoch,
+        lease.tenant_epoch,
+        owner.0.as_str(),
+        owner.1.as_str(),
+    );
     Ok((
         StatusCode::CREATED,
         Json(
-            json!({"lease_id": lease.id, "epoch": lease.epoch, "tenant_epoch": lease.tenant_epoch, "expires_ms": expires_ms}),
+            json!({"lease_id": lease.id, "epoch": lease.epoch, "tenant_epoch": lease.tenant_epoch, "token": token, "expires_ms": expires_ms}),
         ),
     ))
 }

@@ -535,6 +535,18 @@ fn permit_round_trip_roles_and_refusals(b: Backend) {
     let lease = rt
         .take_lease("acme", "bob", &[("memories/k", "v1")], 60_000)
         .unwrap();
+    // With the lease, the database guard's fencing token: the gate's MAC under the deployment
+    // key over the lease, its epochs and owner, which a runtime copies into what it writes.
+    assert_eq!(
+        lease.token,
+        env.engine.key().guard_key().token(
+            lease.lease_id,
+            lease.epoch,
+            lease.tenant_epoch,
+            "acme",
+            "bob"
+        )
+    );
     let p = rt.take_permit(lease.lease_id, Sink::Tool).unwrap();
     rt.release_permit(p.clone()).unwrap();
     assert_eq!(code(rt.release_permit(p).unwrap_err()), "no_such_permit");

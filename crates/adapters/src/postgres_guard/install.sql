@@ -1,4 +1,4 @@
--- Lethe's database guard for LangGraph on PostgreSQL, version 5. Run in one transaction by
+-- Lethe's database guard for LangGraph on PostgreSQL, version 7. Run in one transaction by
 -- `lethe guard install`; every statement is idempotent (CREATE ... IF NOT EXISTS, CREATE OR
 -- REPLACE), so installing twice changes nothing. Everything lives in schema `lethe_guard`
 -- except the triggers, which `lethe_guard.attach` creates on LangGraph's tables.
@@ -10,11 +10,15 @@
 -- failed ("permission denied for schema lethe_guard"). Measured with pgbench: +23 us of
 -- latency and +5 us of CPU a write over a plain trigger (bench/README.md, "Guard").
 --
--- Fence state holds no identifier in clear: owners are SHA-256 digests of the tenant (and
--- subject), erased threads and store items are digests of their ids. The digests are not
--- keyed, so whoever reads this schema (or a dump) can test a guessed identity (README,
--- "Privacy of Lethe itself"). Refusals raise SQLSTATE `LT001`..
--- `LT004` with messages that name no identifier.
+-- Fence state holds no identifier in clear: owners are keyed digests of the tenant (and
+-- subject), erased threads and store items keyed digests of their ids: HMAC-SHA256 under the
+-- guard's key (`lethe_guard.key`, which `lethe guard install` writes from the deployment key)
+-- of the SHA-256 that version 6 and earlier stored, so an older guard's state is keyed in place
+-- (`set_key`). The same key checks the fencing tokens the gate issues (`issued`): a write's
+-- `lethe_token` must be the gate's MAC over its lease, epoch and owner. The key table is read
+-- only by the guard's own functions (the triggers run as its owner): an application role has no
+-- right on the schema. Refusals raise SQLSTATE `LT001`..`LT005` with messages that name no
+-- identifier.
 
 SET LOCAL client_min_messages = warning;
 CREATE SCHEMA IF NOT EXISTS lethe_guard;
@@ -25,8 +29,18 @@ CREATE TABLE IF NOT EXISTS lethe_guard.meta (
     value text NOT NULL
 );
 
+-- The guard's key, as its two HMAC-SHA256 pads (64 bytes each; `GuardKey::pads`): one row,
+-- written once by `set_key` (version 7). No grant: only the guard's SECURITY DEFINER functions
+-- (running as the installing role) read it.
+CREATE TABLE IF NOT EXISTS lethe_guard.key (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    ipad bytea NOT NULL CHECK (length(ipad) = 64),
+    opad bytea NOT NULL CHECK (length(opad) = 64)
+);
+REVOKE ALL ON lethe_guard.key FROM PUBLIC;
+
 -- One row per subject that a guarded job has fenced: the job's subject epoch, and whether its
--- job is between FROZEN and COMPLETE. `owner` = lethe_guard.subject_owner(tenant, subject).
+-- job is between FROZEN and COMPLETE. `owner` = lethe_guard.subject_owner(key, tenant, subject).
 CREATE TABLE IF NOT EXISTS lethe_guard.subject_fence (
     owner bytea PRIMARY KEY,
     epoch bigint NOT NULL,
@@ -34,7 +48,7 @@ CREATE TABLE IF NOT EXISTS lethe_guard.subject_fence (
 );
 CREATE INDEX IF NOT EXISTS subject_fence_closed ON lethe_guard.subject_fence (owner) WHERE fenced;
 
--- The same for tenant scopes (offboarding). `owner` = lethe_guard.tenant_owner(tenant).
+-- The same for tenant scopes (offboarding). `owner` = lethe_guard.tenant_owner(key, tenant).
 CREATE TABLE IF NOT EXISTS lethe_guard.tenant_fence (
     owner bytea PRIMARY KEY,
     epoch bigint NOT NULL,
@@ -65,24 +79,116 @@ CREATE TABLE IF NOT EXISTS lethe_guard.known (
     d bytea PRIMARY KEY
 );
 
--- Digests. NUL cannot occur in text, so the encodings are injective. STABLE, not IMMUTABLE, on
--- purpose: convert_to is STABLE, and a SQL function declared more immutable than its body is
--- never inlined, which made every trigger call 3-4x slower (measured: 18 us vs 5.5 us a lookup).
-CREATE OR REPLACE FUNCTION lethe_guard.tenant_owner(tenant text) RETURNS bytea
+-- Version 6's unkeyed digests, gone in version 7 (the keyed ones take the key as a first
+-- argument; dropped here so no caller finds the old ones).
+DROP FUNCTION IF EXISTS lethe_guard.tenant_owner(text);
+DROP FUNCTION IF EXISTS lethe_guard.subject_owner(text, text);
+DROP FUNCTION IF EXISTS lethe_guard.thread_digest(text);
+DROP FUNCTION IF EXISTS lethe_guard.item_digest(text, text);
+DROP FUNCTION IF EXISTS lethe_guard.check_owner(text, text, jsonb, jsonb, boolean);
+DROP FUNCTION IF EXISTS lethe_guard.decide(bigint, boolean, bigint, boolean, jsonb, jsonb, boolean);
+
+-- HMAC-SHA256 (RFC 2104) under the guard's key `g`, from its pads, with the built-in sha256:
+-- no extension to install (pgcrypto's `hmac` computes the same; its schema and CREATE right
+-- would be one more thing each database must have). Inlined where it is called.
+CREATE OR REPLACE FUNCTION lethe_guard.mac(g lethe_guard.key, m bytea) RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT sha256(g.opad || sha256(g.ipad || m)) $$;
+
+-- Digests: the MAC of version 6's SHA-256 of the identifier (so `set_key` keys an older
+-- guard's digests in place). NUL cannot occur in text, so the encodings are injective. STABLE,
+-- not IMMUTABLE, on purpose: convert_to is STABLE, and a SQL function declared more immutable
+-- than its body is never inlined, which made every trigger call 3-4x slower (measured: 18 us vs
+-- 5.5 us a lookup). `g` is the key row: a probe joins it once, a function reads it once
+-- (`the_key`), Lethe's own statements pass `(SELECT g FROM lethe_guard.key g)`.
+CREATE OR REPLACE FUNCTION lethe_guard.tenant_owner(g lethe_guard.key, tenant text) RETURNS bytea
     LANGUAGE sql STABLE STRICT PARALLEL SAFE
-    AS $$ SELECT sha256(convert_to(tenant, 'UTF8')) $$;
-CREATE OR REPLACE FUNCTION lethe_guard.subject_owner(tenant text, subject text) RETURNS bytea
+    AS $$ SELECT sha256(g.opad || sha256(g.ipad || sha256(convert_to(tenant, 'UTF8')))) $$;
+CREATE OR REPLACE FUNCTION lethe_guard.subject_owner(g lethe_guard.key, tenant text, subject text) RETURNS bytea
     LANGUAGE sql STABLE STRICT PARALLEL SAFE
-    AS $$ SELECT sha256(convert_to(tenant, 'UTF8') || '\x00'::bytea || convert_to(subject, 'UTF8')) $$;
-CREATE OR REPLACE FUNCTION lethe_guard.thread_digest(thread text) RETURNS bytea
+    AS $$ SELECT sha256(g.opad || sha256(g.ipad || sha256(convert_to(tenant, 'UTF8') || '\x00'::bytea || convert_to(subject, 'UTF8')))) $$;
+CREATE OR REPLACE FUNCTION lethe_guard.thread_digest(g lethe_guard.key, thread text) RETURNS bytea
     LANGUAGE sql STABLE STRICT PARALLEL SAFE
-    AS $$ SELECT sha256(convert_to(thread, 'UTF8')) $$;
-CREATE OR REPLACE FUNCTION lethe_guard.item_digest(prefix text, key text) RETURNS bytea
+    AS $$ SELECT sha256(g.opad || sha256(g.ipad || sha256(convert_to(thread, 'UTF8')))) $$;
+CREATE OR REPLACE FUNCTION lethe_guard.item_digest(g lethe_guard.key, prefix text, key text) RETURNS bytea
     LANGUAGE sql STABLE STRICT PARALLEL SAFE
-    AS $$ SELECT sha256(convert_to(prefix, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')) $$;
+    AS $$ SELECT sha256(g.opad || sha256(g.ipad || sha256(convert_to(prefix, 'UTF8') || '\x00'::bytea || convert_to(key, 'UTF8')))) $$;
+
+-- The key row, or a refusal: a guard without its key admits nothing it would have to judge
+-- (every lookup would miss). Only the slow path calls it; the probes' join finds no row and
+-- falls through to it.
+CREATE OR REPLACE FUNCTION lethe_guard.the_key() RETURNS lethe_guard.key
+    LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    gk lethe_guard.key;
+BEGIN
+    SELECT * INTO gk FROM lethe_guard.key;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'lethe guard: the guard has no key; run `lethe guard install` again'
+            USING ERRCODE = 'LT005';
+    END IF;
+    RETURN gk;
+END $$;
+
+-- Whether `token` (a write's `lethe_token`: `<lease>.<subject MAC>.<tenant MAC>`, as the gate
+-- issues it with a lease, `GuardKey::token`) was issued for this owner at this epoch. `part`
+-- 's': the subject MAC, over ('s', lease, epoch, tenant, subject); 't': the tenant MAC, over
+-- ('t', lease, tenant epoch, tenant). Anything else (absent, not a string, malformed, another
+-- lease's, another owner's, another epoch's) is false, never NULL.
+CREATE OR REPLACE FUNCTION lethe_guard.issued(token jsonb, part text, epoch bigint, tenant text, subject text)
+    RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t text[];
+    m bytea;
+BEGIN
+    IF token IS NULL OR jsonb_typeof(token) <> 'string' OR epoch IS NULL OR tenant IS NULL THEN
+        RETURN false;
+    END IF;
+    t := string_to_array(token #>> '{}', '.');
+    IF coalesce(array_length(t, 1), 0) <> 3 OR t[1] !~ '^[0-9]{1,18}$' THEN
+        RETURN false;
+    END IF;
+    m := convert_to(part, 'UTF8') || '\x00'::bytea || convert_to(t[1], 'UTF8') || '\x00'::bytea
+         || convert_to(epoch::text, 'UTF8') || '\x00'::bytea || convert_to(tenant, 'UTF8');
+    IF part = 's' THEN
+        IF subject IS NULL THEN
+            RETURN false;
+        END IF;
+        RETURN coalesce(t[2] = encode(lethe_guard.mac(lethe_guard.the_key(), m || '\x00'::bytea || convert_to(subject, 'UTF8')), 'hex'), false);
+    END IF;
+    RETURN coalesce(t[3] = encode(lethe_guard.mac(lethe_guard.the_key(), m), 'hex'), false);
+END $$;
+
+-- Writes the guard's key (its pads), once. A guard keyed under another deployment key is
+-- refused: its digests and the tokens it admits belong to that deployment. The first time, on
+-- a guard of version 6 or earlier, every digest it holds (unkeyed SHA-256) is keyed in place,
+-- after drawing a generation so that a snapshot from before sees itself stale (below, "Snapshots
+-- older than a fence change").
+CREATE OR REPLACE FUNCTION lethe_guard.set_key(i bytea, o bytea) RETURNS void
+    LANGUAGE plpgsql AS $$
+DECLARE
+    gk lethe_guard.key;
+BEGIN
+    SELECT * INTO gk FROM lethe_guard.key;
+    IF FOUND THEN
+        IF gk.ipad <> i OR gk.opad <> o THEN
+            RAISE EXCEPTION 'lethe guard: this guard was installed under another deployment key; its fences, erased lists and tokens belong to that deployment'
+                USING ERRCODE = 'LT005';
+        END IF;
+        RETURN;
+    END IF;
+    INSERT INTO lethe_guard.key (ipad, opad) VALUES (i, o);
+    gk := lethe_guard.the_key();
+    UPDATE lethe_guard.gen_seen SET g = nextval('lethe_guard.gen');
+    UPDATE lethe_guard.subject_fence SET owner = lethe_guard.mac(gk, owner);
+    UPDATE lethe_guard.tenant_fence SET owner = lethe_guard.mac(gk, owner);
+    UPDATE lethe_guard.erased_thread SET thread = lethe_guard.mac(gk, thread);
+    UPDATE lethe_guard.erased_item SET item = lethe_guard.mac(gk, item);
+    UPDATE lethe_guard.known SET d = lethe_guard.mac(gk, d);
+END $$;
 
 -- Digests are computed once, into a variable, before any lookup. Written into a WHERE or a
--- join condition, `owner = lethe_guard.subject_owner(t, s)` is not a constant (convert_to is
+-- join condition, `owner = lethe_guard.subject_owner(gk, t, s)` is not a constant (convert_to is
 -- STABLE), and on a small fence table the planner picks a sequential scan that hashes the
 -- owner again for every row of the table: measured, 0.24 ms added to a single-row write with
 -- 200 fence rows, against 0.04 ms with the digest in a variable (bench/README.md, "Guard").
@@ -199,9 +305,10 @@ END $$;
 -- write carries (lethe_epoch / lethe_tenant_epoch). A tenant or subject with no fence row was
 -- never erased under the guard: its writes are admitted unchanged.
 CREATE OR REPLACE FUNCTION lethe_guard.check_owner(
-    tenant text, subject text, epoch jsonb, tenant_epoch jsonb, fence_only boolean
+    tenant text, subject text, epoch jsonb, tenant_epoch jsonb, token jsonb, fence_only boolean
 ) RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    gk lethe_guard.key;
     d_tenant bytea; d_subject bytea;
     te bigint; tf boolean; se bigint; sf boolean;
 BEGIN
@@ -209,26 +316,28 @@ BEGIN
         RETURN;
     END IF;
     -- Digests first, once: see "Digests are computed once" above.
-    d_tenant := lethe_guard.tenant_owner(check_owner.tenant);
-    d_subject := lethe_guard.subject_owner(check_owner.tenant, check_owner.subject);
+    gk := lethe_guard.the_key();
+    d_tenant := lethe_guard.tenant_owner(gk, check_owner.tenant);
+    d_subject := lethe_guard.subject_owner(gk, check_owner.tenant, check_owner.subject);
     -- One lookup, then the same decision as every other guarded write (`decide`, below).
     SELECT tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced INTO te, tf, se, sf
       FROM (SELECT 1) one
       LEFT JOIN lethe_guard.tenant_fence tfe ON tfe.owner = d_tenant
       LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = d_subject;
     IF te IS NOT NULL OR se IS NOT NULL THEN
-        PERFORM lethe_guard.decide(te, tf, se, sf, epoch, tenant_epoch, fence_only);
+        PERFORM lethe_guard.decide(te, tf, se, sf, epoch, tenant_epoch, token, check_owner.tenant, check_owner.subject, fence_only);
     END IF;
 END $$;
 
 
--- The decision for one write, from one lookup (`lethe_guard.lookup`): raises the refusal or
--- returns. Pure computation, no query: the lookups are done once, in one statement, by the
--- trigger (one statement per row keeps the guard's cost low; bench/README.md, "Guard").
+-- The decision for one write, from one lookup: raises the refusal or returns. No lookup of
+-- fence state: those are done once, in one statement, by the trigger (one statement per row
+-- keeps the guard's cost low; bench/README.md, "Guard"). A token is checked against the key
+-- (`issued`) only for an owner that was erased, after its epoch is found current.
 CREATE OR REPLACE FUNCTION lethe_guard.decide(
     t_epoch bigint, t_fenced boolean, s_epoch bigint, s_fenced boolean,
-    epoch jsonb, tenant_epoch jsonb, fence_only boolean
-) RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+    epoch jsonb, tenant_epoch jsonb, token jsonb, tenant text, subject text, fence_only boolean
+) RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     tok bigint;
 BEGIN
@@ -245,15 +354,15 @@ BEGIN
     END IF;
     IF t_epoch IS NOT NULL THEN
         tok := lethe_guard.token(tenant_epoch);
-        IF tok IS NULL OR tok < t_epoch THEN
-            RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this tenant was erased; take a new lease (lethe_tenant_epoch)'
+        IF tok IS NULL OR tok < t_epoch OR NOT lethe_guard.issued(token, 't', tok, tenant, NULL) THEN
+            RAISE EXCEPTION 'lethe guard: stale, missing or unissued fencing token: this tenant was erased; take a new lease (lethe_tenant_epoch and lethe_token as the gate issued them)'
                 USING ERRCODE = 'LT002';
         END IF;
     END IF;
     IF s_epoch IS NOT NULL THEN
         tok := lethe_guard.token(epoch);
-        IF tok IS NULL OR tok < s_epoch THEN
-            RAISE EXCEPTION 'lethe guard: stale or missing fencing token: this subject was erased; take a new lease (lethe_epoch)'
+        IF tok IS NULL OR tok < s_epoch OR NOT lethe_guard.issued(token, 's', tok, tenant, subject) THEN
+            RAISE EXCEPTION 'lethe guard: stale, missing or unissued fencing token: this subject was erased; take a new lease (lethe_epoch and lethe_token as the gate issued them)'
                 USING ERRCODE = 'LT002';
         END IF;
     END IF;
@@ -264,7 +373,7 @@ CREATE OR REPLACE FUNCTION lethe_guard.refuse_erased_thread(tid text) RETURNS vo
 DECLARE
     d bytea;
 BEGIN
-    d := lethe_guard.thread_digest(tid);
+    d := lethe_guard.thread_digest(lethe_guard.the_key(), tid);
     IF EXISTS (SELECT 1 FROM lethe_guard.erased_thread e WHERE e.thread = d) THEN
         RAISE EXCEPTION 'lethe guard: this thread was erased; a write would resurrect it (start a new thread)'
             USING ERRCODE = 'LT003';
@@ -279,15 +388,18 @@ DECLARE
     t text;
     s text;
     erased boolean;
+    gk lethe_guard.key;
     d_thread bytea; d_tenant bytea; d_subject bytea;
     te bigint; tf boolean; se bigint; sf boolean;
 BEGIN
-    -- One probe first (see above): the thread and the metadata's owner.
-    IF NOT EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = ANY (ARRAY[
-            lethe_guard.thread_digest(NEW.thread_id),
-            lethe_guard.tenant_owner(NEW.metadata ->> NULLIF(TG_ARGV[0], '')),
-            lethe_guard.subject_owner(NEW.metadata ->> NULLIF(TG_ARGV[0], ''), NEW.metadata ->> NULLIF(TG_ARGV[1], ''))]))
-       AND coalesce((SELECT g.g FROM lethe_guard.gen_seen g), -1) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) THEN
+    -- One probe first (see above): the thread and the metadata's owner. The key row is joined
+    -- in: no key, no row, NULL, and the write goes on to `the_key`'s refusal.
+    IF (SELECT NOT EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = ANY (ARRAY[
+            lethe_guard.thread_digest(kr, NEW.thread_id),
+            lethe_guard.tenant_owner(kr, NEW.metadata ->> NULLIF(TG_ARGV[0], '')),
+            lethe_guard.subject_owner(kr, NEW.metadata ->> NULLIF(TG_ARGV[0], ''), NEW.metadata ->> NULLIF(TG_ARGV[1], ''))]))
+          FROM lethe_guard.key kr)
+       AND coalesce((SELECT s.g FROM lethe_guard.gen_seen s), -1) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) THEN
         RETURN NEW;
     END IF;
     PERFORM lethe_guard.catch_up();
@@ -302,9 +414,10 @@ BEGIN
             s := NEW.metadata ->> TG_ARGV[1];
         END IF;
     END IF;
-    d_thread := lethe_guard.thread_digest(NEW.thread_id);
-    d_tenant := lethe_guard.tenant_owner(t);
-    d_subject := lethe_guard.subject_owner(t, s);
+    gk := lethe_guard.the_key();
+    d_thread := lethe_guard.thread_digest(gk, NEW.thread_id);
+    d_tenant := lethe_guard.tenant_owner(gk, t);
+    d_subject := lethe_guard.subject_owner(gk, t, s);
     SELECT EXISTS (SELECT 1 FROM lethe_guard.erased_thread e WHERE e.thread = d_thread),
            tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced
       INTO erased, te, tf, se, sf
@@ -316,7 +429,8 @@ BEGIN
             USING ERRCODE = 'LT003';
     END IF;
     IF te IS NOT NULL OR se IS NOT NULL THEN
-        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch', false);
+        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch',
+                                   NEW.metadata -> 'lethe_token', t, s, false);
     END IF;
     RETURN NEW;
 END $$;
@@ -340,6 +454,7 @@ CREATE OR REPLACE FUNCTION lethe_guard.thread_rows_guard() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     md jsonb;
+    gk lethe_guard.key;
     d_thread bytea;
     erased boolean;
     tf boolean;
@@ -347,11 +462,12 @@ DECLARE
 BEGIN
     -- One probe first (see above), for a deployment at rest: while no fence is closed, only an
     -- erased thread is refused here, and its digest is in `known`. While a fence is closed,
-    -- the owner must be read from the checkpoint (below).
-    IF NOT (EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = lethe_guard.thread_digest(NEW.thread_id))
-            OR EXISTS (SELECT 1 FROM lethe_guard.subject_fence f WHERE f.fenced)
-            OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence f WHERE f.fenced))
-       AND coalesce((SELECT g.g FROM lethe_guard.gen_seen g), -1) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) THEN
+    -- the owner must be read from the checkpoint (below). No key row: NULL, the slow path.
+    IF (SELECT NOT (EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = lethe_guard.thread_digest(kr, NEW.thread_id))
+                    OR EXISTS (SELECT 1 FROM lethe_guard.subject_fence f WHERE f.fenced)
+                    OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence f WHERE f.fenced))
+          FROM lethe_guard.key kr)
+       AND coalesce((SELECT s.g FROM lethe_guard.gen_seen s), -1) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) THEN
         RETURN NEW;
     END IF;
     PERFORM lethe_guard.catch_up();
@@ -363,15 +479,16 @@ BEGIN
         -- checkpoint the row names (a task write) or of one checkpoint of its thread (a blob)
         -- fenced? The owner's digests are computed once, in the LATERAL subquery (its LIMIT
         -- keeps it from being flattened), never per fence row.
-        d_thread := lethe_guard.thread_digest(NEW.thread_id);
+        gk := lethe_guard.the_key();
+        d_thread := lethe_guard.thread_digest(gk, NEW.thread_id);
         IF TG_TABLE_NAME = 'checkpoint_writes' THEN
             SELECT EXISTS (SELECT 1 FROM lethe_guard.erased_thread e WHERE e.thread = d_thread),
                    tfe.fenced, sfe.fenced
               INTO erased, tf, sf
               FROM (SELECT 1) one
               LEFT JOIN LATERAL (
-                    SELECT lethe_guard.tenant_owner(c.metadata ->> TG_ARGV[0]) AS dt,
-                           lethe_guard.subject_owner(c.metadata ->> TG_ARGV[0], c.metadata ->> NULLIF(TG_ARGV[1], '')) AS ds
+                    SELECT lethe_guard.tenant_owner(gk, c.metadata ->> TG_ARGV[0]) AS dt,
+                           lethe_guard.subject_owner(gk, c.metadata ->> TG_ARGV[0], c.metadata ->> NULLIF(TG_ARGV[1], '')) AS ds
                       FROM public.checkpoints c
                      WHERE c.thread_id = NEW.thread_id AND c.checkpoint_ns = NEW.checkpoint_ns
                        AND c.checkpoint_id = NEW.checkpoint_id
@@ -384,8 +501,8 @@ BEGIN
               INTO erased, tf, sf
               FROM (SELECT 1) one
               LEFT JOIN LATERAL (
-                    SELECT lethe_guard.tenant_owner(c.metadata ->> TG_ARGV[0]) AS dt,
-                           lethe_guard.subject_owner(c.metadata ->> TG_ARGV[0], c.metadata ->> NULLIF(TG_ARGV[1], '')) AS ds
+                    SELECT lethe_guard.tenant_owner(gk, c.metadata ->> TG_ARGV[0]) AS dt,
+                           lethe_guard.subject_owner(gk, c.metadata ->> TG_ARGV[0], c.metadata ->> NULLIF(TG_ARGV[1], '')) AS ds
                       FROM public.checkpoints c
                      WHERE c.thread_id = NEW.thread_id
                      LIMIT 1) d ON true
@@ -397,7 +514,7 @@ BEGIN
                 USING ERRCODE = 'LT003';
         END IF;
         IF TG_ARGV[0] <> '' AND (tf OR sf) THEN
-            PERFORM lethe_guard.decide(NULL, tf, NULL, sf, NULL, NULL, true);
+            PERFORM lethe_guard.decide(NULL, tf, NULL, sf, NULL, NULL, NULL, NULL, NULL, true);
         END IF;
         RETURN NEW;
     END IF;
@@ -410,12 +527,12 @@ BEGIN
         EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 AND checkpoint_ns = $2 AND checkpoint_id = $3',
                        TG_TABLE_SCHEMA)
             INTO md USING NEW.thread_id, NEW.checkpoint_ns, NEW.checkpoint_id;
-        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, true);
+        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, NULL, true);
     ELSIF EXISTS (SELECT 1 FROM lethe_guard.subject_fence WHERE fenced)
           OR EXISTS (SELECT 1 FROM lethe_guard.tenant_fence WHERE fenced) THEN
         EXECUTE format('SELECT metadata FROM %I.checkpoints WHERE thread_id = $1 LIMIT 1', TG_TABLE_SCHEMA)
             INTO md USING NEW.thread_id;
-        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, true);
+        PERFORM lethe_guard.check_owner(md ->> TG_ARGV[0], md ->> NULLIF(TG_ARGV[1], ''), NULL, NULL, NULL, true);
     END IF;
     RETURN NEW;
 END $$;
@@ -435,17 +552,20 @@ DECLARE
     cur bigint;
     forever boolean;
     tok bigint;
+    gk lethe_guard.key;
     d_item bytea; d_tenant bytea; d_subject bytea;
     te bigint; tf boolean; se bigint; sf boolean;
 BEGIN
     -- One probe first (see above): the item and its candidate owner, the labels at the
-    -- template's {tenant} and {subject} positions (TG_ARGV is 0-based, labels 1-based).
-    IF NOT EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = ANY (ARRAY[
-            lethe_guard.item_digest(NEW.prefix, NEW.key),
-            lethe_guard.tenant_owner(split_part(NEW.prefix, '.', array_position(TG_ARGV, '{tenant}') + 1)),
-            lethe_guard.subject_owner(split_part(NEW.prefix, '.', array_position(TG_ARGV, '{tenant}') + 1),
+    -- template's {tenant} and {subject} positions (TG_ARGV is 0-based, labels 1-based). No key
+    -- row: NULL, the slow path.
+    IF (SELECT NOT EXISTS (SELECT 1 FROM lethe_guard.known k WHERE k.d = ANY (ARRAY[
+            lethe_guard.item_digest(kr, NEW.prefix, NEW.key),
+            lethe_guard.tenant_owner(kr, split_part(NEW.prefix, '.', array_position(TG_ARGV, '{tenant}') + 1)),
+            lethe_guard.subject_owner(kr, split_part(NEW.prefix, '.', array_position(TG_ARGV, '{tenant}') + 1),
                                       split_part(NEW.prefix, '.', array_position(TG_ARGV, '{subject}') + 1))]))
-       AND coalesce((SELECT g.g FROM lethe_guard.gen_seen g), -1) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) THEN
+          FROM lethe_guard.key kr)
+       AND coalesce((SELECT s.g FROM lethe_guard.gen_seen s), -1) >= coalesce(pg_sequence_last_value('lethe_guard.gen'::regclass), 0) THEN
         RETURN NEW;
     END IF;
     PERFORM lethe_guard.catch_up();
@@ -477,9 +597,10 @@ BEGIN
             EXIT;
         END IF;
     END LOOP;
-    d_item := lethe_guard.item_digest(NEW.prefix, NEW.key);
-    d_tenant := lethe_guard.tenant_owner(t);
-    d_subject := lethe_guard.subject_owner(t, s);
+    gk := lethe_guard.the_key();
+    d_item := lethe_guard.item_digest(gk, NEW.prefix, NEW.key);
+    d_tenant := lethe_guard.tenant_owner(gk, t);
+    d_subject := lethe_guard.subject_owner(gk, t, s);
     SELECT e.epoch, e.forever, tfe.epoch, tfe.fenced, sfe.epoch, sfe.fenced
       INTO cur, forever, te, tf, se, sf
       FROM (SELECT 1) one
@@ -488,13 +609,14 @@ BEGIN
       LEFT JOIN lethe_guard.subject_fence sfe ON sfe.owner = d_subject;
     IF cur IS NOT NULL THEN
         tok := lethe_guard.token(NEW.value -> 'lethe_epoch');
-        IF forever OR tok IS NULL OR tok < cur THEN
+        IF forever OR tok IS NULL OR tok < cur OR NOT lethe_guard.issued(NEW.value -> 'lethe_token', 's', tok, t, s) THEN
             RAISE EXCEPTION 'lethe guard: this store item was erased; only a write under a lease taken after the erasure may write it again'
                 USING ERRCODE = 'LT004';
         END IF;
     END IF;
     IF te IS NOT NULL OR se IS NOT NULL THEN
-        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch', false);
+        PERFORM lethe_guard.decide(te, tf, se, sf, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch',
+                                   NEW.value -> 'lethe_token', t, s, false);
     END IF;
     RETURN NEW;
 END $$;
@@ -559,22 +681,24 @@ BEGIN
     PERFORM lethe_guard.catch_up();
     -- One branch a kind: PL/pgSQL resolves OLD's fields when a statement first runs.
     IF TG_ARGV[0] = 'store_guard' THEN
-        d_item := lethe_guard.item_digest(OLD.prefix, OLD.key);
+        d_item := lethe_guard.item_digest(lethe_guard.the_key(), OLD.prefix, OLD.key);
         SELECT e.epoch, e.forever INTO cur, forever FROM lethe_guard.erased_item e WHERE e.item = d_item;
+        SELECT * INTO o FROM lethe_guard.namespace_owner(OLD.prefix, args);
         IF cur IS NOT NULL THEN
             tok := lethe_guard.token(NEW.value -> 'lethe_epoch');
-            IF forever OR tok IS NULL OR tok < cur THEN
+            IF forever OR tok IS NULL OR tok < cur OR NOT lethe_guard.issued(NEW.value -> 'lethe_token', 's', tok, o.tenant, o.subject) THEN
                 RAISE EXCEPTION 'lethe guard: this store item was erased; only a write under a lease taken after the erasure may write it again'
                     USING ERRCODE = 'LT004';
             END IF;
         END IF;
-        SELECT * INTO o FROM lethe_guard.namespace_owner(OLD.prefix, args);
-        PERFORM lethe_guard.check_owner(o.tenant, o.subject, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch', false);
+        PERFORM lethe_guard.check_owner(o.tenant, o.subject, NEW.value -> 'lethe_epoch', NEW.value -> 'lethe_tenant_epoch',
+                                        NEW.value -> 'lethe_token', false);
     ELSIF TG_ARGV[0] = 'checkpoints_guard' THEN
         PERFORM lethe_guard.refuse_erased_thread(OLD.thread_id);
         IF args[1] <> '' THEN
             PERFORM lethe_guard.check_owner(OLD.metadata ->> args[1], OLD.metadata ->> NULLIF(args[2], ''),
-                                            NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch', false);
+                                            NEW.metadata -> 'lethe_epoch', NEW.metadata -> 'lethe_tenant_epoch',
+                                            NEW.metadata -> 'lethe_token', false);
         END IF;
     ELSE
         -- A blob or task write leaving its thread: the thread's owners, as `thread_rows_guard`
@@ -585,7 +709,7 @@ BEGIN
                                        FROM %I.checkpoints WHERE thread_id = $1', TG_TABLE_SCHEMA)
                      USING OLD.thread_id, args[1], NULLIF(args[2], '') LOOP
                 owned := true;
-                PERFORM lethe_guard.check_owner(o.tenant, o.subject, NULL, NULL, true);
+                PERFORM lethe_guard.check_owner(o.tenant, o.subject, NULL, NULL, NULL, true);
             END LOOP;
             -- A thread whose checkpoints are gone (deleted earlier in the same transaction, say)
             -- has no owner to judge the row by: while any erasure runs, its rows stay where
@@ -628,5 +752,5 @@ BEGIN
                    (SELECT string_agg(quote_literal(x), ', ' ORDER BY n) FROM unnest(fn || args) WITH ORDINALITY AS u(x, n)));
 END $$;
 
-INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '6')
+INSERT INTO lethe_guard.meta (key, value) VALUES ('version', '7')
     ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;

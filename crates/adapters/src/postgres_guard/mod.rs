@@ -19,9 +19,15 @@
 //! item's value. `store_vectors` needs no trigger: its foreign key to `store` admits a vector
 //! only for an admitted item.
 //!
+//! Tokens are the gate's: `lethe_token`, a MAC under the guard's key over the lease, its epochs
+//! and its owner (`GuardKey::token`), checked in SQL (`lethe_guard.issued`) for every write of
+//! an erased owner or item; a writer that never held a lease cannot make one (version 7).
+//!
 //! Identifiers never reach SQL text: values are parameters, table names are quoted by
 //! `format('%I')` (`lethe_guard.attach`, and the `DROP TRIGGER` uninstall builds), and the owner and item columns hold
-//! SHA-256 digests, never identifiers.
+//! keyed digests (HMAC-SHA256 under the guard's key), never identifiers.
+
+use lethe_core::keys::GuardKey;
 
 use crate::guard::{Fence, Guard, GuardStatus};
 use crate::postgres::Conn;
@@ -38,9 +44,11 @@ use crate::{AdapterError, Locator};
 /// upgrade to 4), which sees no `gen_seen` row, is never fresh (it went through on the fence
 /// state it saw, none); a generation drawn by a change whose transaction died is repaired by
 /// the next REPEATABLE READ or SERIALIZABLE write (every such write was refused until the next
-/// change). `lethe guard install` brings a database from 1 to 5 up to 6 in place,
-/// its fences and erased lists kept.
-pub const VERSION: &str = "6";
+/// change). 7: the fencing token is the gate's MAC (`lethe_token`) over the lease, its epoch
+/// and owner, checked under the guard's key (`lethe_guard.key`, from the deployment key), and
+/// the digests are keyed under it. `lethe guard install` brings a database from 1 to 6 up to 7
+/// in place, its fences and erased lists kept (their digests keyed in place).
+pub const VERSION: &str = "7";
 
 const INSTALL: &str = include_str!("install.sql");
 
@@ -54,9 +62,20 @@ DROP FUNCTION IF EXISTS lethe_guard.store_guard();
 DROP FUNCTION IF EXISTS lethe_guard.thread_rows_guard();
 DROP FUNCTION IF EXISTS lethe_guard.checkpoints_guard();
 DROP FUNCTION IF EXISTS lethe_guard.refuse_erased_thread(text);
+DROP FUNCTION IF EXISTS lethe_guard.check_owner(text, text, jsonb, jsonb, jsonb, boolean);
+DROP FUNCTION IF EXISTS lethe_guard.decide(bigint, boolean, bigint, boolean, jsonb, jsonb, jsonb, text, text, boolean);
+DROP FUNCTION IF EXISTS lethe_guard.token(jsonb);
+DROP FUNCTION IF EXISTS lethe_guard.issued(jsonb, text, bigint, text, text);
+DROP FUNCTION IF EXISTS lethe_guard.set_key(bytea, bytea);
+DROP FUNCTION IF EXISTS lethe_guard.item_digest(lethe_guard.key, text, text);
+DROP FUNCTION IF EXISTS lethe_guard.thread_digest(lethe_guard.key, text);
+DROP FUNCTION IF EXISTS lethe_guard.subject_owner(lethe_guard.key, text, text);
+DROP FUNCTION IF EXISTS lethe_guard.tenant_owner(lethe_guard.key, text);
+DROP FUNCTION IF EXISTS lethe_guard.mac(lethe_guard.key, bytea);
+DROP FUNCTION IF EXISTS lethe_guard.the_key();
+DROP TABLE IF EXISTS lethe_guard.key;
 DROP FUNCTION IF EXISTS lethe_guard.check_owner(text, text, jsonb, jsonb, boolean);
 DROP FUNCTION IF EXISTS lethe_guard.decide(bigint, boolean, bigint, boolean, jsonb, jsonb, boolean);
-DROP FUNCTION IF EXISTS lethe_guard.token(jsonb);
 DROP FUNCTION IF EXISTS lethe_guard.item_digest(text, text);
 DROP FUNCTION IF EXISTS lethe_guard.thread_digest(text);
 DROP FUNCTION IF EXISTS lethe_guard.subject_owner(text, text);
@@ -267,7 +286,7 @@ impl Guard for PgGuard {
         })
     }
 
-    fn install(&self) -> Result<(), AdapterError> {
+    fn install(&self, key: &GuardKey) -> Result<(), AdapterError> {
         // Refuse a schema the triggers cannot find, before creating anything.
         for t in self.tables() {
             let name = format!("{}.{}", quote(&self.schema), quote(&t));
@@ -282,18 +301,36 @@ impl Guard for PgGuard {
                 )));
             }
         }
-        self.conn.with(|c| {
-            let mut tx = c.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])?;
-            tx.batch_execute(INSTALL)?;
-            for (table, function, args) in &self.attach {
+        self.conn
+            .with(|c| {
+                let mut tx = c.transaction()?;
+                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])?;
+                tx.batch_execute(INSTALL)?;
+                let (ipad, opad) = key.pads();
                 tx.execute(
-                    "SELECT lethe_guard.attach($1, $2, $3, $4)",
-                    &[&self.schema, table, function, args],
+                    "SELECT lethe_guard.set_key($1, $2)",
+                    &[&&ipad[..], &&opad[..]],
                 )?;
-            }
-            tx.commit()
-        })
+                for (table, function, args) in &self.attach {
+                    tx.execute(
+                        "SELECT lethe_guard.attach($1, $2, $3, $4)",
+                        &[&self.schema, table, function, args],
+                    )?;
+                }
+                tx.commit()
+            })
+            .map_err(|e| {
+                // `set_key`'s refusal, whose message the driver's description withholds.
+                if e.to_string().contains("SQLSTATE LT005") {
+                    self.failed(
+                    "the guard in this database was installed under another deployment key (its \
+                     fences, erased lists and tokens belong to that deployment); nothing was \
+                     changed. Install it with that deployment's key, or uninstall it there first",
+                )
+                } else {
+                    e
+                }
+            })
     }
 
     fn uninstall(&self) -> Result<(), AdapterError> {
@@ -356,7 +393,7 @@ impl Guard for PgGuard {
                 Fence::Subject { tenant, subject, epoch } => {
                     tx.execute(
                         "INSERT INTO lethe_guard.subject_fence (owner, epoch, fenced)
-                         VALUES (lethe_guard.subject_owner($1, $2), $3, true)
+                         VALUES (lethe_guard.subject_owner((SELECT g FROM lethe_guard.key g), $1, $2), $3, true)
                          ON CONFLICT (owner) DO UPDATE
                            SET epoch = GREATEST(lethe_guard.subject_fence.epoch, EXCLUDED.epoch), fenced = true",
                         &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
@@ -365,7 +402,7 @@ impl Guard for PgGuard {
                 Fence::Tenant { tenant, epoch } => {
                     tx.execute(
                         "INSERT INTO lethe_guard.tenant_fence (owner, epoch, fenced)
-                         VALUES (lethe_guard.tenant_owner($1), $2, true)
+                         VALUES (lethe_guard.tenant_owner((SELECT g FROM lethe_guard.key g), $1), $2, true)
                          ON CONFLICT (owner) DO UPDATE
                            SET epoch = GREATEST(lethe_guard.tenant_fence.epoch, EXCLUDED.epoch), fenced = true",
                         &[&tenant.as_str(), &(*epoch as i64)],
@@ -402,7 +439,7 @@ impl Guard for PgGuard {
                 tx.batch_execute(NEW_GENERATION)?;
                 tx.execute(
                     "INSERT INTO lethe_guard.erased_item (item, epoch, forever)
-                     SELECT lethe_guard.item_digest(p, k), $3, $4 FROM unnest($1::text[], $2::text[]) AS u(p, k)
+                     SELECT lethe_guard.item_digest((SELECT g FROM lethe_guard.key g), p, k), $3, $4 FROM unnest($1::text[], $2::text[]) AS u(p, k)
                      ON CONFLICT (item) DO UPDATE
                        SET epoch = GREATEST(lethe_guard.erased_item.epoch, EXCLUDED.epoch),
                            forever = lethe_guard.erased_item.forever OR EXCLUDED.forever",
@@ -421,7 +458,7 @@ impl Guard for PgGuard {
                 tx.batch_execute(NEW_GENERATION)?;
                 tx.execute(
                     "INSERT INTO lethe_guard.erased_thread (thread)
-                     SELECT DISTINCT lethe_guard.thread_digest(t) FROM unnest($1::text[]) AS u(t)
+                     SELECT DISTINCT lethe_guard.thread_digest((SELECT g FROM lethe_guard.key g), t) FROM unnest($1::text[]) AS u(t)
                      ON CONFLICT (thread) DO NOTHING",
                     &[&threads],
                 )
@@ -450,17 +487,17 @@ impl Guard for PgGuard {
                 } => tx.query_one(
                     "WITH opened AS (
                          UPDATE lethe_guard.subject_fence SET fenced = false
-                          WHERE owner = lethe_guard.subject_owner($1, $2) AND epoch <= $3 RETURNING 1)
+                          WHERE owner = lethe_guard.subject_owner((SELECT g FROM lethe_guard.key g), $1, $2) AND epoch <= $3 RETURNING 1)
                      SELECT EXISTS (SELECT 1 FROM lethe_guard.subject_fence
-                                     WHERE owner = lethe_guard.subject_owner($1, $2) AND fenced AND epoch > $3)",
+                                     WHERE owner = lethe_guard.subject_owner((SELECT g FROM lethe_guard.key g), $1, $2) AND fenced AND epoch > $3)",
                     &[&tenant.as_str(), &subject.as_str(), &(*epoch as i64)],
                 )?,
                 Fence::Tenant { tenant, epoch } => tx.query_one(
                     "WITH opened AS (
                          UPDATE lethe_guard.tenant_fence SET fenced = false
-                          WHERE owner = lethe_guard.tenant_owner($1) AND epoch <= $2 RETURNING 1)
+                          WHERE owner = lethe_guard.tenant_owner((SELECT g FROM lethe_guard.key g), $1) AND epoch <= $2 RETURNING 1)
                      SELECT EXISTS (SELECT 1 FROM lethe_guard.tenant_fence
-                                     WHERE owner = lethe_guard.tenant_owner($1) AND fenced AND epoch > $2)",
+                                     WHERE owner = lethe_guard.tenant_owner((SELECT g FROM lethe_guard.key g), $1) AND fenced AND epoch > $2)",
                     &[&tenant.as_str(), &(*epoch as i64)],
                 )?,
                 Fence::Memory => return Ok(false),

@@ -11,8 +11,8 @@ use crate::args::EraseArgs;
 use crate::exit::{bad, Exit};
 use crate::open::{open_engine, open_engine_probing};
 use crate::output::print_json;
-use crate::progress::{outcome_code, print_outcome, progress_printer, progress_to};
-use crate::scope_input::checked_scope;
+use crate::progress::{outcome_code, outcome_json, print_outcome, progress_printer, progress_to};
+use crate::scope_input::{checked_scope, read_batch};
 
 /// Starts (or continues) the erasure of a scope and runs it as far as it goes.
 pub(crate) fn erase(config: &Path, erase: EraseArgs) -> Result<i32, Exit> {
@@ -24,9 +24,14 @@ pub(crate) fn erase(config: &Path, erase: EraseArgs) -> Result<i32, Exit> {
         extension_reason,
         drain_timeout,
         json,
+        batch,
     } = erase;
-    let scope = checked_scope(&args, "the erasure covers")?;
     let basis: Basis = basis.parse().map_err(bad)?;
+    // Read and checked whole before the engine opens: a bad line touches nothing.
+    let scopes = match &batch {
+        Some(file) => read_batch(file)?,
+        None => vec![(0, checked_scope(&args, "the erasure covers")?)],
+    };
     let deadline = deadline
         .map(|d| {
             time::Date::parse(
@@ -42,29 +47,105 @@ pub(crate) fn erase(config: &Path, erase: EraseArgs) -> Result<i32, Exit> {
         pause_at: lethe_engine::pause_from_env(),
         reinventory: false,
     };
-    let req = Request {
+    let request = |scope| Request {
         scope,
         basis,
-        ticket,
+        ticket: ticket.clone(),
         deadline,
-        extension_reason,
+        extension_reason: extension_reason.clone(),
     };
-    match engine.erase(req, &opts, &mut progress_printer(progress_to(json))) {
-        Ok(o) => {
-            print_outcome(&o, json);
-            Ok(outcome_code(&o))
+    if batch.is_none() {
+        let (_, scope) = scopes.into_iter().next().expect("one scope");
+        return match engine.erase(
+            request(scope),
+            &opts,
+            &mut progress_printer(progress_to(json)),
+        ) {
+            Ok(o) => {
+                print_outcome(&o, json);
+                Ok(outcome_code(&o))
+            }
+            Err(EngineError::Held {
+                job_id,
+                holds,
+                state,
+            }) if json => {
+                print_json(&held_json(job_id, state, holds));
+                Ok(4)
+            }
+            Err(e) => Err(e.into()),
+        };
+    }
+    // One engine (its targets probed once), then the jobs one after another: each is its own
+    // job, journal entries and certificate, and one that blocks or fails leaves the rest to run.
+    let total = scopes.len();
+    let mut results = Vec::with_capacity(total);
+    let mut worst = 0;
+    for (i, (line, scope)) in scopes.into_iter().enumerate() {
+        if !json {
+            outln!("[{}/{total}] line {line}:", i + 1);
         }
-        Err(EngineError::Held {
-            job_id,
-            holds,
-            state,
-        }) if json => {
-            print_json(
-                &json!({"job_id": job_id, "state": state, "blocked_reason": "legal_hold", "holds": holds, "certificate": null}),
-            );
-            Ok(4)
-        }
-        Err(e) => Err(e.into()),
+        let (code, shown) = match engine.erase(
+            request(scope),
+            &opts,
+            &mut progress_printer(progress_to(json)),
+        ) {
+            Ok(o) => {
+                if !json {
+                    print_outcome(&o, false);
+                }
+                (outcome_code(&o), outcome_json(&o))
+            }
+            Err(EngineError::Held {
+                job_id,
+                holds,
+                state,
+            }) => {
+                if !json {
+                    outln!("Job {job_id} is held (legal hold): it stays {state}, nothing touched.");
+                }
+                (4, held_json(job_id, state, holds))
+            }
+            Err(e) => {
+                let Exit(code, e) = e.into();
+                if !json {
+                    outln!("Not started: {e}");
+                }
+                (code, json!({"error": e.to_string()}))
+            }
+        };
+        worst = worse(worst, code);
+        let mut shown = shown;
+        shown["line"] = line.into();
+        results.push(shown);
+    }
+    if json {
+        print_json(&serde_json::Value::Array(results));
+    } else {
+        let done = results.iter().filter(|r| r["state"] == "COMPLETE").count();
+        outln!("Batch: {done} of {total} scopes COMPLETE.");
+    }
+    Ok(worst)
+}
+
+/// The JSON of a job a legal hold keeps in REQUESTED, as `erase --json` prints it.
+fn held_json(job_id: String, state: JobState, holds: Vec<String>) -> serde_json::Value {
+    json!({"job_id": job_id, "state": state, "blocked_reason": "legal_hold", "holds": holds, "certificate": null})
+}
+
+/// The worse of two exit codes of a batch's jobs: COMPLETE (0), then held (4, waits for a
+/// release), then BLOCKED (3, waits for an operator), then an error's own code.
+fn worse(a: i32, b: i32) -> i32 {
+    let rank = |c: i32| match c {
+        0 => 0,
+        4 => 1,
+        3 => 2,
+        _ => 3,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
     }
 }
 

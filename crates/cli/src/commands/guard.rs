@@ -89,7 +89,10 @@ pub(crate) fn run(config: &Path, command: GuardCommand) -> Result<i32, Exit> {
         GuardCommand::Install { target, json } => {
             let t = find(&cfg, &target)?;
             let g = t.adapter.guard().expect("checked by find");
-            g.install().map_err(target_err)?;
+            // The deployment's key, bound to its journal, as the gate that issues the tokens
+            // holds it.
+            let key = crate::open::open_engine(config)?.key().guard_key();
+            g.install(&key).map_err(target_err)?;
             let s = g.status().map_err(target_err)?;
             if !json {
                 eprintln!(

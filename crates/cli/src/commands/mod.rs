@@ -105,7 +105,12 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         Command::Hold { command } => hold::run(&config, command),
         Command::Guard { command } => guard::run(&config, command),
         Command::Journal {
-            command: JournalCommand::Verify { json },
-        } => journal::verify(&config, json),
+            command:
+                JournalCommand::Verify {
+                    json,
+                    seal,
+                    public_key,
+                },
+        } => journal::verify(&config, json, seal, public_key.as_deref()),
     }
 }

@@ -496,8 +496,12 @@ impl Run<'_> {
         // The journal first, then the file: a signed file exists only for a COMPLETE job. If
         // the process dies in between, running the COMPLETE job again writes the file from the
         // journal (`certificate_file`).
-        self.journal
-            .complete(&rfc3339(self.clock.now()), &job.job_id, &signed)?;
+        self.journal.complete(
+            &rfc3339(self.clock.now()),
+            &job.job_id,
+            &signed,
+            &self.key.signing_key(),
+        )?;
         pause_point!(self, "before-certificate-file");
         self.write_certificate(&job.job_id, &signed)?;
         self.gate_authority().job_completed(&job.job_id);
