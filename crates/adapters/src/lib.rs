@@ -9,6 +9,8 @@
 //! and never sees more than one target at a time. The engine drives it.
 
 pub mod conformance;
+#[cfg(test)]
+mod doubles;
 pub mod guard;
 mod langgraph;
 mod namespace;
@@ -143,6 +145,9 @@ kinds! {
     Phoenix = "phoenix", phoenix, &["trace"];
     /// An Azure AI Search index (REST API): documents found by OData filter, deleted by key.
     AzureAiSearch = "azure-ai-search", azure_ai_search, SEARCH;
+    /// An OpenSearch or Elasticsearch index: documents found by `term` filters on keyword
+    /// fields, deleted by `_delete_by_query` of their ids, run as a task.
+    Opensearch = "opensearch", opensearch, SEARCH;
 }
 
 impl std::fmt::Display for Kind {
