@@ -148,6 +148,9 @@ kinds! {
     /// An OpenSearch or Elasticsearch index: documents found by `term` filters on keyword
     /// fields, deleted by `_delete_by_query` of their ids, run as a task.
     Opensearch = "opensearch", opensearch, SEARCH;
+    /// A Qdrant collection: points found by payload `match` filters, deleted by filter with
+    /// `wait=true`, verified by exact count.
+    Qdrant = "qdrant", qdrant, VECTORS;
 }
 
 impl std::fmt::Display for Kind {
