@@ -151,6 +151,9 @@ kinds! {
     /// A Qdrant collection: points found by payload `match` filters, deleted by filter with
     /// `wait=true`, verified by exact count.
     Qdrant = "qdrant", qdrant, VECTORS;
+    /// LangSmith traces: runs matched by their metadata, traces deleted whole, verified by
+    /// reading back.
+    Langsmith = "langsmith", langsmith, &["trace"];
 }
 
 impl std::fmt::Display for Kind {
