@@ -447,6 +447,68 @@ fn http_date(s: &str) -> Option<time::OffsetDateTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doubles::{Response, Server};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn client(url: &str, max: usize) -> Client {
+        let pacing = Pacing {
+            timeout: Duration::from_secs(10),
+            retries: 3,
+            backoff: Duration::from_millis(10),
+            retry_after_max: Duration::from_secs(10),
+            budget: Duration::from_secs(30),
+        };
+        Client::new(url.to_string(), String::new(), None, Vec::new(), pacing).with_max_in_flight(max)
+    }
+
+    /// A 429 with `Retry-After` answered to one request holds every request of the target until
+    /// it passed, not only the one it answered: a second thread's request sent meanwhile waits
+    /// too. Without the hold it would be answered at once.
+    #[test]
+    fn a_retry_after_holds_every_request_of_the_target() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c2 = calls.clone();
+        let server = Server::start(move |r| {
+            let n = c2.fetch_add(1, Ordering::SeqCst);
+            Some(if n == 0 && r.path == "/first" {
+                Response::json(429, serde_json::json!({})).with("Retry-After", "1")
+            } else {
+                Response::json(200, serde_json::json!({}))
+            })
+        });
+        let c = client(&server.url(), 8);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let a = s.spawn(|| c.send(&Method::GET, "/first", false, None, "k", "first").map(|r| r.status));
+            // Sent once the first was answered 429 and the client read its Retry-After.
+            while c.slots.state.lock().unwrap().1.is_none() {
+                std::thread::yield_now();
+            }
+            let t = Instant::now();
+            let b = c.send(&Method::GET, "/second", false, None, "k", "second").unwrap();
+            assert_eq!(b.status, 200);
+            assert!(t.elapsed() >= Duration::from_millis(800), "the second request waited out the first's Retry-After: {:?}", t.elapsed());
+            assert_eq!(a.join().unwrap().unwrap(), 200);
+        });
+        assert!(started.elapsed() >= Duration::from_secs(1));
+    }
+
+    /// `max_in_flight` bounds requests at once across threads.
+    #[test]
+    fn max_in_flight_bounds_requests_across_threads() {
+        let server = Server::start(|_| Some(Response::json(200, serde_json::json!({}))));
+        for (max, want) in [(2, 2), (5, 5)] {
+            let c = client(&server.url(), max);
+            server.hold(50);
+            std::thread::scope(|s| {
+                for _ in 0..10 {
+                    s.spawn(|| c.send(&Method::GET, "/x", false, None, "k", "x").unwrap());
+                }
+            });
+            assert_eq!(server.peak(), want);
+            server.hold(0);
+        }
+    }
 
     #[test]
     fn retry_after_in_seconds_or_as_a_date() {
