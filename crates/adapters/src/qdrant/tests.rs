@@ -49,7 +49,10 @@ fn point(tenant: &str, subject: &str, n: usize) -> Point {
         "text": format!("{subject} of {tenant} said secret number {n}"),
     }))
     .unwrap();
-    Point { payload, vector: vec![n as f64 * 0.25, -1.0, 2.0] }
+    // Each owner's points lie around its own direction, so a subject's nearest neighbours are
+    // its own points first.
+    let (o, k) = ((n / 1_000) as f64, (n % 1_000) as f64);
+    Point { payload, vector: vec![o.cos(), o.sin(), 0.05 * k] }
 }
 
 fn seed(per_owner: usize) -> Vec<(PointId, Point)> {
@@ -393,4 +396,49 @@ fn probe_key_and_registry() {
     assert!(crate::build(1, toml::from_str(&text).unwrap(), Path::new(".")).is_ok());
     let text = text.replace("vector-index", "trace");
     assert!(crate::build(1, toml::from_str(&text).unwrap(), Path::new(".")).is_err());
+}
+
+/// Recall after erasure: the erased subject's own vectors, queried after the erase, bring back
+/// none of its points; another subject's nearest neighbours (the ones that were not the erased
+/// subject's) are unchanged, in order.
+#[test]
+fn recall_after_erasure_finds_none_of_the_subjects_points() {
+    let c = Coll::new(seed(4), "");
+    let search = |v: &[f64]| -> Vec<String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let body: Value = agent
+            .post(format!("{}/collections/{COLLECTION}/points/search", c.double.url()))
+            .header("api-key", KEY)
+            .content_type("application/json")
+            .send(json!({ "vector": v, "limit": 6 }).to_string())
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .map(|b| serde_json::from_str(&b).unwrap())
+            .unwrap();
+        body["result"].as_array().unwrap().iter().map(|h| h["id"].to_string()).collect()
+    };
+    let id_text = |p: &PointId| match p {
+        PointId::Num(n) => n.to_string(),
+        PointId::Uuid(u) => format!("\"{u}\""),
+    };
+    let alice: Vec<String> = (0..4).map(|k| id_text(&pid(0, k))).collect();
+    let alice_vectors: Vec<Vec<f64>> = c.double.with(|s| (0..4).map(|k| s.points[&pid(0, k)].vector.clone()).collect());
+    let bob_vectors: Vec<Vec<f64>> = c.double.with(|s| (0..4).map(|k| s.points[&pid(9, k)].vector.clone()).collect());
+    for v in &alice_vectors {
+        assert!(alice.contains(&search(v)[0]), "before: a subject's vector finds its own point first");
+    }
+    let bob_before: Vec<Vec<String>> = bob_vectors
+        .iter()
+        .map(|v| search(v).into_iter().filter(|id| !alice.contains(id)).take(3).collect())
+        .collect();
+    let scope = subject("acme", "alice");
+    let inv = c.adapter.inventory(&scope).unwrap();
+    assert_eq!(c.adapter.erase_batch(&scope, &inv.locators).unwrap(), 4);
+    for v in &alice_vectors {
+        let got = search(v);
+        assert!(got.iter().all(|id| !alice.contains(id)), "an erased point came back: {got:?}");
+    }
+    let bob_after: Vec<Vec<String>> = bob_vectors.iter().map(|v| search(v).into_iter().take(3).collect()).collect();
+    assert_eq!(bob_after, bob_before, "another subject's nearest neighbours are unchanged");
 }

@@ -11,6 +11,7 @@
 //!   as a list of keys, `with_vector`;
 //! - count: exact only with `exact: true`; otherwise an estimate that still counts points
 //!   deleted since the last optimization;
+//! - search by vector (`points/search`, cosine), for the recall test;
 //! - delete by filter or ids: with `wait=true` applied before the answer (`completed`), without
 //!   it `acknowledged` and applied only after `apply_after` more requests; the answer says
 //!   nothing of what was deleted;
@@ -176,6 +177,22 @@ fn handle(s: &mut State, r: &Request) -> Option<Response> {
                 .filter_map(|id| s.points.get(&id).map(|p| shown(&id, p, &body)))
                 .collect();
             ok(json!(found))
+        }
+        "points/search" => {
+            // Nearest points by cosine similarity, as a collection of `Cosine` distance ranks.
+            let Some(q) = body.get("vector").and_then(Value::as_array) else {
+                return Some(error(400, "Format error in JSON body: missing field `vector`"));
+            };
+            let q: Vec<f64> = q.iter().filter_map(Value::as_f64).collect();
+            let limit = body.get("limit").and_then(Value::as_u64).unwrap_or(10) as usize;
+            let cos = |v: &[f64]| {
+                let dot: f64 = v.iter().zip(&q).map(|(a, b)| a * b).sum();
+                let n = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
+                dot / (n(v) * n(&q))
+            };
+            let mut hits: Vec<(f64, &PointId)> = s.points.iter().map(|(id, p)| (cos(&p.vector), id)).collect();
+            hits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+            ok(json!(hits.iter().take(limit).map(|(score, id)| json!({ "id": to_json(id), "version": 3, "score": score })).collect::<Vec<_>>()))
         }
         "points/delete" => {
             let ids: Vec<PointId> = match (&filter, body.get("points").and_then(Value::as_array)) {
