@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lethe_core::{Scope, Version};
+use lethe_core::Scope;
 use serde_json::{json, Map, Value};
 use ureq::http::Method;
 
@@ -33,10 +33,9 @@ const PAGE: usize = 1_000;
 /// Mapping types a `term` query matches exactly, byte for byte.
 const EXACT_TYPES: &[&str] = &["keyword", "constant_keyword"];
 
-/// One document as a read-back sees it: its `_version` and its owner fields.
+/// One document as a read-back sees it: its owner fields.
 #[derive(Debug)]
 struct Hit {
-    version: u64,
     source: Map<String, Value>,
 }
 
@@ -207,7 +206,7 @@ impl OpenSearch {
             .ok_or_else(|| self.failed("Count: the answer has no `count`"))
     }
 
-    /// Every document the query matches, by id, with its version and owner fields (no other
+    /// Every document the query matches, by id, with its owner fields (no other
     /// field is read): a scroll, in pages of 1,000 in index order, since a page by `from`
     /// stops at the index's `max_result_window` (10,000 by default). The total the first page
     /// reports must be what the pages hold.
@@ -221,7 +220,6 @@ impl OpenSearch {
                 "size": PAGE,
                 "sort": ["_doc"],
                 "_source": [f.tenant, f.subject],
-                "version": true,
                 "track_total_hits": true,
             })),
             "Search",
@@ -245,14 +243,11 @@ impl OpenSearch {
                 break Ok(());
             }
             for h in hits {
-                let (Some(id), Some(version)) = (
-                    h.get("_id").and_then(Value::as_str),
-                    h.get("_version").and_then(Value::as_u64),
-                ) else {
-                    return Err(self.failed("Search: a hit has no _id or _version"));
+                let Some(id) = h.get("_id").and_then(Value::as_str) else {
+                    return Err(self.failed("Search: a hit has no _id"));
                 };
                 let source = h.get("_source").and_then(Value::as_object).cloned().unwrap_or_default();
-                out.insert(id.to_string(), Hit { version, source });
+                out.insert(id.to_string(), Hit { source });
             }
             let Some(id) = &scroll_id else {
                 break Err(self.failed("Search: the answer has no _scroll_id"));
@@ -298,26 +293,14 @@ impl OpenSearch {
             &f.subject,
             None,
             scope,
-        ) && match scope {
-            Scope::Memory {
-                version: Some(v), ..
-            } => hit.version.to_string() == v.as_str(),
-            _ => true,
-        }
+        )
     }
 
     /// The scope's documents now: the filter's hits, each checked to carry the scope exactly.
     fn matching(&self, scope: &Scope) -> Result<BTreeMap<String, Hit>, AdapterError> {
         let hits = self.scan(self.query(scope, None))?;
-        let version = match scope {
-            Scope::Memory { version, .. } => version.as_ref(),
-            _ => None,
-        };
         let mut out = BTreeMap::new();
         for (id, hit) in hits {
-            if version.is_some_and(|v| v.as_str() != hit.version.to_string()) {
-                continue;
-            }
             if !self.carries(&hit, scope) {
                 return Err(self.failed(
                     "a document the term filter matched does not hold the scope's identifiers as single strings, byte for byte: fields.tenant and fields.subject must be keyword fields holding one value each",
@@ -431,7 +414,9 @@ impl Adapter for OpenSearch {
     }
 
     /// Every identifier is expressible: it only goes in as a JSON string of a `term` or `ids`
-    /// clause. A memory is a document id (`_id`), at most 512 bytes.
+    /// clause. A memory is a document id (`_id`). The index's `_version` counts writes to a
+    /// document and is not the memory's version (a LangGraph store's `updated_at`): a version
+    /// given is not checked here.
     fn check_scope(&self, _scope: &Scope) -> Result<Applicability, AdapterError> {
         Ok(Applicability::Applies)
     }
@@ -478,27 +463,6 @@ impl Adapter for OpenSearch {
             "opensearch:{} tenant:{} subject:{}",
             self.index, self.fields.tenant, self.fields.subject
         )
-    }
-
-    fn check_version(&self, version: &Version) -> Result<(), &'static str> {
-        let v = version.as_str();
-        if !v.is_empty() && v.len() <= 19 && v.bytes().all(|b| b.is_ascii_digit()) && !v.starts_with('0') {
-            Ok(())
-        } else {
-            Err("the document's _version: a positive whole number")
-        }
-    }
-
-    fn current_version(&self, scope: &Scope) -> Result<Option<Version>, AdapterError> {
-        let Scope::Memory { .. } = scope else {
-            return Ok(None);
-        };
-        self.refresh()?;
-        let hits = self.matching(scope)?;
-        Ok(hits
-            .values()
-            .next()
-            .and_then(|h| Version::new(h.version.to_string()).ok()))
     }
 
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
@@ -548,13 +512,7 @@ impl Adapter for OpenSearch {
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {
         let ids = self.ids_of(frozen)?;
         self.refresh()?;
-        let mut count = self.count(self.query(scope, None))?;
-        if let Scope::Memory {
-            version: Some(_), ..
-        } = scope
-        {
-            count = self.matching(scope)?.len() as u64;
-        }
+        let count = self.count(self.query(scope, None))?;
         let (mut scoped, mut other) = (0u64, 0u64);
         for chunk in ids.chunks(self.batch) {
             for h in self.scan(Self::by_ids(chunk))?.values() {

@@ -8,7 +8,8 @@
 //!   word (`alice` would match `Alice Smith`). Every hit is read back (its `_source` owner
 //!   fields only) and must hold the identifiers as single strings, byte for byte.
 //! - **Memory scope**: the memory id is the document's `_id` (with the scope's tenant and
-//!   subject); a version is its `_version`.
+//!   subject). The index's `_version` counts writes and is not the memory's version (a LangGraph
+//!   store's `updated_at`): a version given is not checked here, as for Chroma and Azure.
 //! - **Inventory**: after a `_refresh` (search sees only refreshed segments: a write
 //!   acknowledged a moment ago is invisible without it), a scroll in pages of 1,000 (`from`
 //!   stops at `max_result_window`, 10,000 by default), with `track_total_hits`; a scroll that
