@@ -4,7 +4,7 @@
 //! once, so a test can check a target's `max_in_flight`.
 //!
 //! The doubles themselves, each written from its vendor's REST reference, are in their kinds'
-//! `tests/double.rs`.
+//! `double.rs` (`qdrant`: `tests/double.rs`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -17,33 +17,33 @@ use serde_json::Value;
 
 /// One request as a double receives it.
 #[derive(Debug)]
-pub(crate) struct Request {
-    pub(crate) method: String,
-    pub(crate) path: String,
+pub struct Request {
+    pub method: String,
+    pub path: String,
     /// The query string's pairs, percent-decoded.
-    pub(crate) query: BTreeMap<String, String>,
+    pub query: BTreeMap<String, String>,
     /// Header names lower-cased.
-    pub(crate) headers: BTreeMap<String, String>,
-    pub(crate) body: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
 }
 
 impl Request {
     /// The body as JSON, if it is.
-    pub(crate) fn json(&self) -> Option<Value> {
+    pub fn json(&self) -> Option<Value> {
         serde_json::from_slice(&self.body).ok()
     }
 }
 
 /// A double's answer: a status, extra headers and a JSON body; or `None` from the handler to
 /// drop the connection unanswered.
-pub(crate) struct Response {
-    pub(crate) status: u16,
-    pub(crate) headers: Vec<(String, String)>,
-    pub(crate) body: Value,
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
 }
 
 impl Response {
-    pub(crate) fn json(status: u16, body: Value) -> Self {
+    pub fn json(status: u16, body: Value) -> Self {
         Self {
             status,
             headers: Vec::new(),
@@ -51,7 +51,7 @@ impl Response {
         }
     }
 
-    pub(crate) fn with(mut self, name: &str, value: impl Into<String>) -> Self {
+    pub fn with(mut self, name: &str, value: impl Into<String>) -> Self {
         self.headers.push((name.to_string(), value.into()));
         self
     }
@@ -60,7 +60,7 @@ impl Response {
 type Handler = dyn Fn(&Request) -> Option<Response> + Send + Sync;
 
 /// A running double; dropping it stops the server.
-pub(crate) struct Server {
+pub struct Server {
     port: u16,
     stop: Arc<AtomicBool>,
     in_flight: Arc<AtomicUsize>,
@@ -78,9 +78,7 @@ impl Drop for Server {
 }
 
 impl Server {
-    pub(crate) fn start(
-        handler: impl Fn(&Request) -> Option<Response> + Send + Sync + 'static,
-    ) -> Self {
+    pub fn start(handler: impl Fn(&Request) -> Option<Response> + Send + Sync + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));
@@ -115,17 +113,17 @@ impl Server {
         }
     }
 
-    pub(crate) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// The most requests that were in flight at once so far.
-    pub(crate) fn peak(&self) -> usize {
+    pub fn peak(&self) -> usize {
         self.peak.load(Ordering::SeqCst)
     }
 
     /// Holds every request this long before answering it, and resets the peak.
-    pub(crate) fn hold(&self, ms: usize) {
+    pub fn hold(&self, ms: usize) {
         self.hold_ms.store(ms, Ordering::SeqCst);
         self.peak
             .store(self.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);

@@ -9,8 +9,10 @@
 //! and never sees more than one target at a time. The engine drives it.
 
 pub mod conformance;
-#[cfg(test)]
-mod doubles;
+/// Test plumbing of the contract doubles (feature `test-doubles`, for other crates' tests).
+#[cfg(any(test, feature = "test-doubles"))]
+#[allow(missing_docs)]
+pub mod doubles;
 pub mod guard;
 mod langgraph;
 mod namespace;

@@ -1,9 +1,7 @@
-//! The `langsmith` target against its contract double (`tests/double.rs`), never the live
+//! The `langsmith` target against its contract double (`double.rs`), never the live
 //! service. Every test that erases checks that every run it did not mean to erase kept every
 //! field byte for byte, and each documented rule the adapter depends on has a test here that
 //! fails when the adapter ignores it.
-
-mod double;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,7 +12,7 @@ use serde_json::{json, Map, Value};
 use super::{Config, LangSmith};
 use crate::conformance::{self, Case, Row};
 use crate::{Adapter, AdapterError, Applicability};
-use double::{Double, Fault, Run, KEY, PROJECT};
+use super::double::{Double, Fault, Run, KEY, PROJECT};
 
 const OWNERS: &[(&str, &str)] = &[
     ("acme", "alice"),

@@ -32,6 +32,11 @@
 
 mod adapter;
 mod config;
+/// The contract double the tests run this kind against, for other crates' tests too (feature
+/// `test-doubles`).
+#[cfg(any(test, feature = "test-doubles"))]
+#[allow(missing_docs)]
+pub mod double;
 #[cfg(test)]
 mod tests;
 

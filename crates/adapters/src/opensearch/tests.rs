@@ -1,9 +1,7 @@
-//! The `opensearch` target against its contract double (`tests/double.rs`), never a live
+//! The `opensearch` target against its contract double (`double.rs`), never a live
 //! cluster (none can be installed here). Every test that erases checks that every document it
 //! did not mean to erase kept every field byte for byte, and each documented rule the adapter
 //! depends on has a test here that fails when the adapter ignores it.
-
-mod double;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,7 +14,7 @@ use crate::redis::adapter::{hex_locator, unhex};
 use crate::{Adapter, AdapterError};
 
 use super::{Config, OpenSearch};
-use double::{Double, Fault, INDEX, PASSWORD, USER};
+use super::double::{Double, Fault, INDEX, PASSWORD, USER};
 
 /// Neighbours of `alice` (another case, a longer and a shorter id, the same id under another
 /// tenant), identifiers that look like query syntax or JSON operators, and unicode.

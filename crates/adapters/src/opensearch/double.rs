@@ -28,14 +28,14 @@ use serde_json::{json, Map, Value};
 
 use crate::doubles::{Request, Response, Server};
 
-pub(super) const INDEX: &str = "memories";
+pub const INDEX: &str = "memories";
 /// `lethe:S3CRET-pw` in base64, as HTTP Basic sends it.
-pub(super) const USER: &str = "lethe";
-pub(super) const PASSWORD: &str = "S3CRET-pw";
+pub const USER: &str = "lethe";
+pub const PASSWORD: &str = "S3CRET-pw";
 
 /// A fault served instead of the next request's answer.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Fault {
+pub enum Fault {
     /// 429 `es_rejected_execution_exception`, with `Retry-After` in seconds if given.
     TooMany(Option<u64>),
     /// This status, with an error body.
@@ -46,9 +46,9 @@ pub(super) enum Fault {
 
 /// One stored document.
 #[derive(Debug, Clone)]
-pub(super) struct Doc {
-    pub(super) source: Map<String, Value>,
-    pub(super) version: u64,
+pub struct Doc {
+    pub source: Map<String, Value>,
+    pub version: u64,
 }
 
 #[derive(Debug)]
@@ -65,30 +65,30 @@ struct Task {
 }
 
 #[derive(Default)]
-pub(super) struct State {
+pub struct State {
     /// The index by id: what a refreshed reader sees is `visible`.
-    pub(super) docs: BTreeMap<String, Doc>,
+    pub docs: BTreeMap<String, Doc>,
     /// The documents as the last refresh left them visible (id to version).
     visible: BTreeMap<String, Doc>,
     /// Mapping types of the owner fields (`keyword` unless set).
-    pub(super) types: BTreeMap<String, String>,
+    pub types: BTreeMap<String, String>,
     /// Reads of `GET _tasks/<id>` before a delete task completes.
-    pub(super) task_polls: u32,
+    pub task_polls: u32,
     tasks: BTreeMap<String, Task>,
     next_task: u64,
     scrolls: BTreeMap<String, (Vec<Value>, usize)>,
     /// Ids whose documents are rewritten (version bumped) just as a delete task runs.
-    pub(super) conflicts: BTreeSet<String>,
-    pub(super) faults: VecDeque<Fault>,
+    pub conflicts: BTreeSet<String>,
+    pub faults: VecDeque<Fault>,
     /// `METHOD path?query` of each request.
-    pub(super) seen: Vec<String>,
-    pub(super) bad_auth: usize,
-    pub(super) refreshes: usize,
+    pub seen: Vec<String>,
+    pub bad_auth: usize,
+    pub refreshes: usize,
 }
 
 impl State {
     /// A write: stored now, visible after the next refresh.
-    pub(super) fn put(&mut self, id: &str, source: Map<String, Value>) {
+    pub fn put(&mut self, id: &str, source: Map<String, Value>) {
         let version = self.docs.get(id).map_or(1, |d| d.version + 1);
         self.docs.insert(id.to_string(), Doc { source, version });
     }
@@ -99,14 +99,14 @@ impl State {
     }
 }
 
-pub(super) struct Double {
+pub struct Double {
     state: Arc<Mutex<State>>,
-    pub(super) server: Server,
+    pub server: Server,
 }
 
 impl Double {
     /// A double whose index holds `docs` (by `id`), refreshed.
-    pub(super) fn start(docs: Vec<(String, Map<String, Value>)>) -> Double {
+    pub fn start(docs: Vec<(String, Map<String, Value>)>) -> Double {
         let mut st = State {
             task_polls: 2,
             ..State::default()
@@ -122,11 +122,11 @@ impl Double {
         Double { state, server }
     }
 
-    pub(super) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         self.server.url()
     }
 
-    pub(super) fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+    pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap())
     }
 }

@@ -20,11 +20,11 @@ use serde_json::{json, Map, Value};
 
 use crate::doubles::{Request, Response, Server};
 
-pub(super) const PROJECT: &str = "018e4c7e-a9fb-7ef0-a5b6-6ea3a82e9327";
-pub(super) const KEY: &str = "lsv2_pt_S3CRET_0123";
+pub const PROJECT: &str = "018e4c7e-a9fb-7ef0-a5b6-6ea3a82e9327";
+pub const KEY: &str = "lsv2_pt_S3CRET_0123";
 
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Fault {
+pub enum Fault {
     TooMany(u64),
     Status(u16),
     Drop,
@@ -32,51 +32,58 @@ pub(super) enum Fault {
 
 /// One run, as LangSmith stores it.
 #[derive(Debug, Clone)]
-pub(super) struct Run {
-    pub(super) id: String,
-    pub(super) trace_id: String,
-    pub(super) metadata: Map<String, Value>,
-    pub(super) inputs: Value,
-    pub(super) outputs: Value,
+pub struct Run {
+    pub id: String,
+    pub trace_id: String,
+    pub metadata: Map<String, Value>,
+    pub inputs: Value,
+    pub outputs: Value,
 }
 
 #[derive(Default)]
-pub(super) struct State {
-    pub(super) runs: Vec<Run>,
+pub struct State {
+    pub runs: Vec<Run>,
     /// Accepted deletes: trace ids, and the queries left before they are carried out.
     pending: Vec<(Vec<String>, u32)>,
     /// Queries an accepted delete waits before it is carried out.
-    pub(super) delay: u32,
-    pub(super) faults: VecDeque<Fault>,
+    pub delay: u32,
+    pub faults: VecDeque<Fault>,
     /// The body of each query.
-    pub(super) queries: Vec<Value>,
+    pub queries: Vec<Value>,
     /// The number of trace ids of each delete request.
-    pub(super) deletes: Vec<usize>,
-    pub(super) bad_auth: usize,
+    pub deletes: Vec<usize>,
+    pub bad_auth: usize,
 }
 
 impl State {
     /// The runs the service keeps: those no accepted delete names (which queries still return
     /// until the delete is carried out).
-    pub(super) fn kept(&self) -> impl Iterator<Item = &Run> {
+    pub fn kept(&self) -> impl Iterator<Item = &Run> {
         self.runs
             .iter()
             .filter(|r| !self.pending.iter().any(|(ids, _)| ids.contains(&r.trace_id)))
     }
 
+    /// Carries out every accepted delete at the next query (LangSmith's delete job has run).
+    pub fn carry_out(&mut self) {
+        for (_, left) in &mut self.pending {
+            *left = 0;
+        }
+    }
+
     /// Whether every accepted delete was carried out.
-    pub(super) fn settled(&self) -> bool {
+    pub fn settled(&self) -> bool {
         self.pending.is_empty()
     }
 }
 
-pub(super) struct Double {
+pub struct Double {
     state: Arc<Mutex<State>>,
-    pub(super) server: Server,
+    pub server: Server,
 }
 
 impl Double {
-    pub(super) fn start(runs: Vec<Run>) -> Double {
+    pub fn start(runs: Vec<Run>) -> Double {
         let state = Arc::new(Mutex::new(State {
             runs,
             delay: 2,
@@ -87,11 +94,11 @@ impl Double {
         Double { state, server }
     }
 
-    pub(super) fn url(&self) -> String {
+    pub fn url(&self) -> String {
         self.server.url()
     }
 
-    pub(super) fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+    pub fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         f(&mut self.state.lock().unwrap())
     }
 }
