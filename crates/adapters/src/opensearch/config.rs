@@ -89,6 +89,12 @@ fn index(name: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// [`base64`], for the tests' own requests to the double.
+#[cfg(test)]
+pub(crate) fn tests_base64(text: &str) -> String {
+    base64(text.as_bytes())
+}
+
 /// Standard base64, for HTTP Basic credentials.
 fn base64(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

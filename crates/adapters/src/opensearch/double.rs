@@ -18,6 +18,7 @@
 //!   `conflicts=proceed` the task aborts at the first conflict, with `failures`; `max_docs`
 //!   bounds what it deletes; `wait_for_completion=false` answers `{"task": "node:n"}` and the
 //!   task completes after `task_polls` reads of `GET _tasks/<id>`, applying its deletes then;
+//! - a k-NN search (`knn` on `embedding`, `l2`), for the recall test;
 //! - field mappings by `GET <index>/_mapping/field/<a>,<b>`;
 //! - faults on demand: 429 with or without `Retry-After`, any status, a dropped connection.
 
@@ -241,7 +242,32 @@ fn field_type(types: &BTreeMap<String, String>, f: &str) -> Option<String> {
     }
 }
 
+/// A k-NN search (the k-NN plugin's `knn` query, `l2` space): the `k` visible documents nearest
+/// to `vector` by their `embedding`, best first; ids and scores only.
+fn knn(s: &State, q: &Value) -> Response {
+    let Some(v) = q.pointer("/knn/embedding/vector").and_then(Value::as_array) else {
+        return error(400, "parsing_exception", "knn takes embedding.vector");
+    };
+    let v: Vec<f64> = v.iter().filter_map(Value::as_f64).collect();
+    let k = q.pointer("/knn/embedding/k").and_then(Value::as_u64).unwrap_or(10) as usize;
+    let mut hits: Vec<(f64, &String)> = s
+        .visible
+        .iter()
+        .filter_map(|(id, d)| {
+            let e: Vec<f64> = d.source.get("embedding")?.as_array()?.iter().filter_map(Value::as_f64).collect();
+            let d2: f64 = e.iter().zip(&v).map(|(a, b)| (a - b) * (a - b)).sum();
+            Some((1.0 / (1.0 + d2), id))
+        })
+        .collect();
+    hits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    let page: Vec<Value> = hits.iter().take(k).map(|(score, id)| json!({ "_index": INDEX, "_id": id, "_score": score })).collect();
+    Response::json(200, json!({ "hits": { "total": { "value": page.len(), "relation": "eq" }, "hits": page } }))
+}
+
 fn search(s: &mut State, r: &Request, body: Option<&Value>) -> Response {
+    if let Some(q) = body.and_then(|b| b.get("query")).filter(|q| q.get("knn").is_some()) {
+        return knn(s, q);
+    }
     let f = match query_of(s, body) {
         Ok(f) => f,
         Err(e) => return e,

@@ -38,7 +38,9 @@ fn doc(tenant: &str, subject: &str, n: usize) -> Map<String, Value> {
         "tenant_id": tenant,
         "user_id": subject,
         "content": format!("{subject} of {tenant} said secret number {n}"),
-        "embedding": [n as f64 * 0.5, -1.25],
+        // Each owner's documents lie near its own point, so a subject's nearest neighbours are
+        // its own documents first.
+        "embedding": [(n / 1_000) as f64 * 10.0, (n % 1_000) as f64 * 0.1],
     }))
     .unwrap()
 }
@@ -469,4 +471,46 @@ fn describe_place_and_registry() {
             assert_eq!(t.adapter.inventory(&subject("acme", "alice")).unwrap().count, 1);
         }
     }
+}
+
+/// Recall after erasure: a k-NN search with the erased subject's own embeddings brings back none
+/// of its documents; another subject's nearest neighbours (those that were not the erased
+/// subject's) are unchanged, in order.
+#[test]
+fn recall_after_erasure_finds_none_of_the_subjects_documents() {
+    let idx = Idx::new(seed(4), "");
+    let knn = |v: &Value| -> Vec<String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        let body: Value = agent
+            .post(format!("{}/{INDEX}/_search", idx.double.url()))
+            .header("authorization", format!("Basic {}", super::config::tests_base64(&format!("{USER}:{PASSWORD}"))))
+            .content_type("application/json")
+            .send(json!({ "query": { "knn": { "embedding": { "vector": v, "k": 6 } } } }).to_string())
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .map(|b| serde_json::from_str(&b).unwrap())
+            .unwrap();
+        body["hits"]["hits"].as_array().unwrap().iter().map(|h| h["_id"].as_str().unwrap().to_string()).collect()
+    };
+    let emb = |i: &str| idx.double.with(|s| s.docs[i].source["embedding"].clone());
+    let alice: Vec<String> = (0..4).map(|k| id(0, k)).collect();
+    let bob: Vec<String> = (0..4).map(|k| id(10, k)).collect();
+    for a in &alice {
+        assert_eq!(&knn(&emb(a))[0], a, "before: a document's embedding finds it first");
+    }
+    let (alice_vecs, bob_vecs): (Vec<Value>, Vec<Value>) = (alice.iter().map(|i| emb(i)).collect(), bob.iter().map(|i| emb(i)).collect());
+    let bob_before: Vec<Vec<String>> = bob_vecs
+        .iter()
+        .map(|v| knn(v).into_iter().filter(|i| !alice.contains(i)).take(3).collect())
+        .collect();
+    let scope = subject("acme", "alice");
+    let inv = idx.adapter.inventory(&scope).unwrap();
+    assert_eq!(idx.adapter.erase_batch(&scope, &inv.locators).unwrap(), 4);
+    for v in &alice_vecs {
+        let got = knn(v);
+        assert!(got.iter().all(|i| !alice.contains(i)), "an erased document came back: {got:?}");
+    }
+    let bob_after: Vec<Vec<String>> = bob_vecs.iter().map(|v| knn(v).into_iter().take(3).collect()).collect();
+    assert_eq!(bob_after, bob_before, "another subject's nearest neighbours are unchanged");
 }
