@@ -63,20 +63,20 @@ pub(crate) struct Client {
     headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) pacing: Pacing,
     /// The target's requests in flight, and when the next may start.
-    slots: Arc<Slots>,
+    slots: Arc<InFlight>,
 }
 
 /// A counting semaphore over one target's requests, with the time before which none may
 /// start (the latest `Retry-After` any of them was given).
 #[derive(Debug)]
-struct Slots {
+pub(crate) struct InFlight {
     max: usize,
     state: Mutex<(usize, Option<Instant>)>,
     freed: Condvar,
 }
 
 /// A taken slot; dropping it frees the slot.
-struct Slot<'a>(&'a Slots);
+pub(crate) struct Slot<'a>(&'a InFlight);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
@@ -86,17 +86,18 @@ impl Drop for Slot<'_> {
     }
 }
 
-impl Slots {
-    fn new(max: usize) -> Self {
+impl InFlight {
+    /// At most `max` requests at once (at least 1).
+    pub(crate) fn new(max: usize) -> Self {
         Self {
-            max,
+            max: max.max(1),
             state: Mutex::new((0, None)),
             freed: Condvar::new(),
         }
     }
 
     /// Waits for a free slot and for any `Retry-After` to pass, then takes the slot.
-    fn take(&self) -> Slot<'_> {
+    pub(crate) fn take(&self) -> Slot<'_> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let now = Instant::now();
@@ -117,7 +118,7 @@ impl Slots {
     }
 
     /// No request of the target starts before `at`.
-    fn hold_until(&self, at: Instant) {
+    pub(crate) fn hold_until(&self, at: Instant) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.1.is_none_or(|t| t < at) {
             st.1 = Some(at);
@@ -157,14 +158,14 @@ impl Client {
             token,
             headers,
             pacing,
-            slots: Arc::new(Slots::new(usize::MAX)),
+            slots: Arc::new(InFlight::new(usize::MAX)),
         }
     }
 
     /// Bounds the target's requests in flight to `max` (at least 1), across every thread that
     /// uses this client.
     pub(crate) fn with_max_in_flight(mut self, max: usize) -> Self {
-        self.slots = Arc::new(Slots::new(max.max(1)));
+        self.slots = Arc::new(InFlight::new(max));
         self
     }
 
