@@ -3,8 +3,8 @@
 # a session cache in Redis, `lethe erase` of acme/alice over the PostgreSQL checkpointer, the
 # PostgreSQL store, the Redis session cache, LangGraph's node cache (legacy entries flushed) and,
 # where LETHE_CHROMA_URL names a server, a Chroma collection of the subjects' memories, where
-# LETHE_PHOENIX_URL names one, Phoenix traces of the subjects' runs (with LETHE_PHOENIX_DATA, its
-# working folder, for the physical-residue report), and a comparison of snapshots taken before and after:
+# LETHE_PHOENIX_URL names one, Phoenix traces of the subjects' runs (with LETHE_CHROMA_DATA and
+# LETHE_PHOENIX_DATA, their folders, for the physical-residue report), and a comparison of snapshots taken before and after:
 # zero residue for alice, every row and key of every other subject kept, byte for byte.
 #
 # 1. The project's own data (always): `scripts/pg seed-small` (three subjects of the runbook's
@@ -72,6 +72,9 @@ url = "$3"
 collection = "lethe_validation_memories"
 metadata = { tenant = "tenant_id", subject = "user_id" }
 TOML
+        if [ -n "${LETHE_CHROMA_DATA:-}" ]; then
+            echo "path = \"$LETHE_CHROMA_DATA\"" >>"$work/lethe.toml"
+        fi
     fi
     if [ -n "${4:-}" ]; then
         cat >>"$work/lethe.toml" <<TOML

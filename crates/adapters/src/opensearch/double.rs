@@ -30,7 +30,7 @@ use serde_json::{json, Map, Value};
 use crate::doubles::{Request, Response, Server};
 
 pub const INDEX: &str = "memories";
-/// `lethe:S3CRET-pw` in base64, as HTTP Basic sends it.
+/// The HTTP Basic credentials the double accepts.
 pub const USER: &str = "lethe";
 pub const PASSWORD: &str = "S3CRET-pw";
 
