@@ -2,7 +2,9 @@
 # The runbook's validation scenario: subjects written through real LangGraph into PostgreSQL,
 # a session cache in Redis, `lethe erase` of acme/alice over the PostgreSQL checkpointer, the
 # PostgreSQL store, the Redis session cache, LangGraph's node cache (legacy entries flushed) and,
-# where LETHE_CHROMA_URL names a server, a Chroma collection of the subjects' memories, and a comparison of snapshots taken before and after:
+# where LETHE_CHROMA_URL names a server, a Chroma collection of the subjects' memories, where
+# LETHE_PHOENIX_URL names one, Phoenix traces of the subjects' runs (with LETHE_CHROMA_DATA and
+# LETHE_PHOENIX_DATA, their folders, for the physical-residue report), and a comparison of snapshots taken before and after:
 # zero residue for alice, every row and key of every other subject kept, byte for byte.
 #
 # 1. The project's own data (always): `scripts/pg seed-small` (three subjects of the runbook's
@@ -70,6 +72,25 @@ url = "$3"
 collection = "lethe_validation_memories"
 metadata = { tenant = "tenant_id", subject = "user_id" }
 TOML
+        if [ -n "${LETHE_CHROMA_DATA:-}" ]; then
+            echo "path = \"$LETHE_CHROMA_DATA\"" >>"$work/lethe.toml"
+        fi
+    fi
+    if [ -n "${4:-}" ]; then
+        cat >>"$work/lethe.toml" <<TOML
+
+[[target]]
+name = "agent-traces"
+kind = "phoenix"
+class = "trace"
+url = "$4"
+project = "lethe-validation-traces"
+metadata = { tenant = "tenant_id", subject = "user_id" }
+verify_timeout_ms = 30000
+TOML
+        if [ -n "${LETHE_PHOENIX_DATA:-}" ]; then
+            echo "path = \"$LETHE_PHOENIX_DATA\"" >>"$work/lethe.toml"
+        fi
     fi
 }
 
@@ -82,7 +103,10 @@ erase = json.load(open(sys.argv[1]))
 targets = (erase.get("certificate") or {}).get("targets", {})
 counts = {t: v["count"] for t, v in targets.items()}
 legacy = {t: v["legacy"] for t, v in targets.items() if "legacy" in v}
+physical = {t: v["physical"] for t, v in targets.items() if "physical" in v}
 print(f"runbook validation ({sys.argv[2]}): lethe {erase['state']} {counts}, legacy node-cache entries {legacy}")
+if physical:
+    print(f"runbook validation ({sys.argv[2]}): physical residue {physical}")
 sys.exit(0 if erase["state"] == "COMPLETE" else 1)
 PY
 }
@@ -97,12 +121,19 @@ if [ -n "$CHROMA" ]; then
 else
     echo "runbook validation: LETHE_CHROMA_URL is not set: no Chroma collection in the scenario"
 fi
+# Phoenix traces too, where a Phoenix server runs (scripts/test starts one: LETHE_PHOENIX_URL).
+PHOENIX=${LETHE_PHOENIX_URL:-}
+if [ -n "$PHOENIX" ]; then
+    "$PY" tests/e2e/validation.py phoenix-seed "$work/manifest.json" "$PHOENIX"
+else
+    echo "runbook validation: LETHE_PHOENIX_URL is not set: no Phoenix traces in the scenario"
+fi
 snap() {
     "$PY" tests/e2e/validation.py snapshot "$work/manifest.json" "${PG%/*}/lethe_validation" \
-        redis://127.0.0.1:6379/3 "$work/$1.json" $CHROMA
+        redis://127.0.0.1:6379/3 "$work/$1.json" "$CHROMA" "$PHOENIX"
 }
 snap own-before
-config lethe_validation 3 "$CHROMA"
+config lethe_validation 3 "$CHROMA" "$PHOENIX"
 erase_alice own
 snap own-after
 "$PY" tests/e2e/validation.py compare "$work/manifest.json" "$work/own-before.json" \

@@ -3,7 +3,8 @@ keys, and their comparison after an erasure.
 
     validation.py redis-seed MANIFEST REDIS_URL       session-cache keys and node-cache entries
     validation.py chroma-seed MANIFEST CHROMA_URL     a Chroma collection of every subject's memories
-    validation.py snapshot MANIFEST PG_URL REDIS_URL OUT [CHROMA_URL]
+    validation.py phoenix-seed MANIFEST PHOENIX_URL   Phoenix traces of every subject's runs
+    validation.py snapshot MANIFEST PG_URL REDIS_URL OUT [CHROMA_URL [PHOENIX_URL]]  ('' for none)
     validation.py compare MANIFEST BEFORE AFTER TENANT SUBJECT
 
 The database is one `scripts/pg seed-small` wrote through real LangGraph; MANIFEST is its
@@ -150,14 +151,108 @@ def chroma_snapshot(url):
             zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"])}
 
 
+PHOENIX_PROJECT = "lethe-validation-traces"
+
+
+def phoenix(url, method, path, body=None, headers=None):
+    """One call of Phoenix's HTTP API (stdlib only)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"{url}{path}", data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            text = r.read()
+    except urllib.error.HTTPError as e:
+        if method == "DELETE" and e.code == 404:
+            return None
+        raise
+    return json.loads(text) if text else None
+
+
+def _pb(n, data):
+    """A length-delimited protobuf field (OTLP's wire format, written by hand: no SDK needed)."""
+    def varint(v):
+        out = b""
+        while v >= 0x80:
+            out += bytes([(v & 0x7F) | 0x80])
+            v >>= 7
+        return out + bytes([v])
+
+    return varint(n << 3 | 2) + varint(len(data)) + data
+
+
+def _attr(key, value):
+    return _pb(1, key.encode()) + _pb(2, _pb(1, value.encode()))
+
+
+def phoenix_seed(manifest, url):
+    """Phoenix traces of every subject's agent runs, sent over OTLP as an OpenInference
+    instrumentation of LangGraph sends them: two traces per subject, each a root span whose
+    `metadata` attribute is the run config's metadata (tenant_id, user_id, thread_id) and whose
+    input holds the subject's text, and a child span without metadata. The project is dropped
+    and made again first; returns once Phoenix lists every span."""
+    import struct
+    import time
+
+    phoenix(url, "DELETE", f"/v1/projects/{PHOENIX_PROJECT}")
+    spans, n_spans = b"", 0
+    for n, s in enumerate(subjects(manifest)):
+        for k in range(2):
+            trace = bytes.fromhex(f"{n:016x}{k:08x}{0x1e7e:08x}")
+            root, child = bytes.fromhex(f"{n:08x}{k:04x}0001"), bytes.fromhex(f"{n:08x}{k:04x}0002")
+            meta = json.dumps({"tenant_id": s["tenant_id"], "user_id": s["user_id"], "thread_id": f"t-{n}-{k}"})
+            t = 1_700_000_000_000_000_000 + (n * 2 + k) * 1_000_000
+            times = b"\x39" + struct.pack("<Q", t) + b"\x41" + struct.pack("<Q", t + 500_000)
+            spans += _pb(2, _pb(1, trace) + _pb(2, root) + _pb(5, b"LangGraph") + times
+                         + _pb(9, _attr("openinference.span.kind", "CHAIN"))
+                         + _pb(9, _attr("input.value", f"run {k} of {needle(s)}"))
+                         + _pb(9, _attr("metadata", meta)))
+            spans += _pb(2, _pb(1, trace) + _pb(2, child) + _pb(4, root) + _pb(5, b"agent") + times
+                         + _pb(9, _attr("openinference.span.kind", "LLM"))
+                         + _pb(9, _attr("output.value", f"answer {k} for {needle(s)}")))
+            n_spans += 2
+    phoenix(url, "POST", "/v1/traces", _pb(1, _pb(2, spans)),
+            {"content-type": "application/x-protobuf", "x-project-name": PHOENIX_PROJECT})
+    for _ in range(300):
+        try:
+            if len(phoenix_spans(url)) == n_spans:
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"validation: Phoenix did not list the {n_spans} spans sent")
+
+
+def phoenix_spans(url):
+    """Every span of the project, as Phoenix's API returns it: span id -> its JSON."""
+    out, cursor = {}, ""
+    while True:
+        page = phoenix(url, "GET", f"/v1/projects/{PHOENIX_PROJECT}/spans?sort=id&order=asc&limit=1000{cursor}")
+        for sp in page["data"]:
+            out[sp["context"]["span_id"]] = sp
+        if not page.get("next_cursor"):
+            return out
+        cursor = f"&cursor={page['next_cursor']}"
+
+
 def in_prefix(prefix, root):
     return prefix == root or prefix.startswith(root + ".")
 
 
-def snapshot(manifest, pg_url, redis_url, out, chroma_url=None):
+def snapshot(manifest, pg_url, redis_url, out, chroma_url=None, phoenix_url=None):
     subs = subjects(manifest)
     snap = {}
     docs = chroma_snapshot(chroma_url) if chroma_url else {}
+    spans = phoenix_spans(phoenix_url) if phoenix_url else {}
+    # A span's owner is its trace's root metadata.
+    owner = {}
+    for sp in spans.values():
+        m = (sp.get("attributes") or {}).get("metadata")
+        if isinstance(m, str):
+            m = json.loads(m)
+        if isinstance(m, dict) and "user_id" in m:
+            owner[sp["context"]["trace_id"]] = (m.get("tenant_id"), m.get("user_id"))
     r = redis.Redis.from_url(redis_url)
     all_keys = sorted(k.decode("utf-8", "surrogateescape") for k in r.scan_iter(count=1000))
     with psycopg.connect(pg_url) as c:
@@ -205,6 +300,15 @@ def snapshot(manifest, pg_url, redis_url, out, chroma_url=None):
                 if (m.get("tenant_id"), m.get("user_id")) == (t, u)
             )
             got["chroma_text"] = sorted(i for i, (d, _, _) in docs.items() if needle(s) in (d or ""))
+        if phoenix_url:
+            got["phoenix"] = sorted(
+                json.dumps(sp, sort_keys=True) for sp in spans.values()
+                if owner.get(sp["context"]["trace_id"]) == (t, u)
+            )
+            # Any byte of the subject's text anywhere Phoenix's API shows a span.
+            got["phoenix_text"] = sorted(
+                i for i, sp in spans.items() if needle(s) in json.dumps(sp, ensure_ascii=False)
+            )
         snap[f"{t}/{u}"] = got
     json.dump(snap, open(out, "w"), indent=1, sort_keys=True)
 
@@ -249,6 +353,9 @@ def main(argv):
         return 0
     if cmd == "chroma-seed":
         chroma_seed(*args)
+        return 0
+    if cmd == "phoenix-seed":
+        phoenix_seed(*args)
         return 0
     if cmd == "snapshot":
         snapshot(*args)

@@ -10,6 +10,10 @@
 
 mod backup;
 pub mod conformance;
+/// Test plumbing of the contract doubles (feature `test-doubles`, for other crates' tests).
+#[cfg(any(test, feature = "test-doubles"))]
+#[allow(missing_docs)]
+pub mod doubles;
 pub mod guard;
 mod langgraph;
 mod namespace;
@@ -146,6 +150,15 @@ kinds! {
     AzureAiSearch = "azure-ai-search", azure_ai_search, SEARCH;
     /// A folder of backup artifacts (dumps, RDB files, copies): pending their expiry.
     BackupFiles = "backup-files", backup_files, &["backup"];
+    /// An OpenSearch or Elasticsearch index: documents found by `term` filters on keyword
+    /// fields, deleted by `_delete_by_query` of their ids, run as a task.
+    Opensearch = "opensearch", opensearch, SEARCH;
+    /// A Qdrant collection: points found by payload `match` filters, deleted by filter with
+    /// `wait=true`, verified by exact count.
+    Qdrant = "qdrant", qdrant, VECTORS;
+    /// LangSmith traces: runs matched by their metadata, traces deleted whole, verified by
+    /// reading back.
+    Langsmith = "langsmith", langsmith, &["trace"];
 }
 
 impl std::fmt::Display for Kind {

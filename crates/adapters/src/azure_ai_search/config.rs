@@ -24,6 +24,7 @@ struct Raw {
     fields: Object<RawFields>,
     memory: Option<String>,
     batch_size: Option<usize>,
+    max_in_flight: Option<usize>,
     timeout_ms: Option<u64>,
     retries: Option<u32>,
     retry_after_max_ms: Option<u64>,
@@ -49,6 +50,7 @@ pub struct Config {
     fields: Fields,
     api_key: String,
     batch: usize,
+    in_flight: usize,
     pacing: Pacing,
     settle: Settle,
 }
@@ -196,6 +198,7 @@ impl Config {
             fields,
             api_key,
             batch,
+            in_flight: crate::http::client::max_in_flight(raw.max_in_flight)?,
             pacing,
             settle,
         })
@@ -211,7 +214,8 @@ impl Config {
             None,
             vec![(HeaderName::from_static("api-key"), key)],
             self.pacing,
-        );
+        )
+        .with_max_in_flight(self.in_flight);
         AzureAiSearch::new(
             name,
             client,

@@ -40,6 +40,8 @@ pub struct Chroma {
     path: Option<PathBuf>,
     batch: usize,
     agent: ureq::Agent,
+    /// The target's requests at once (`max_in_flight`).
+    in_flight: crate::http::client::InFlight,
 }
 
 impl std::fmt::Debug for Chroma {
@@ -110,7 +112,14 @@ impl Chroma {
             path,
             batch,
             agent,
+            in_flight: crate::http::client::InFlight::new(usize::MAX),
         }
+    }
+
+    /// Bounds the target's requests at once to `max` (`max_in_flight`), across threads.
+    pub(crate) fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.in_flight = crate::http::client::InFlight::new(max);
+        self
     }
 
     fn failed(&self, why: impl Into<String>) -> AdapterError {
@@ -130,6 +139,7 @@ impl Chroma {
     /// One request. 2xx: its JSON body; 429 and 5xx: unavailable; other 4xx: failed. Only the
     /// status and Chroma's error type are ever shown, never its message, which may echo a value.
     fn call(&self, what: &str, url: &str, body: Option<&Value>) -> Result<Value, AdapterError> {
+        let _slot = self.in_flight.take();
         let sent = match body {
             Some(b) => {
                 let mut r = self.agent.post(url).content_type("application/json");

@@ -23,6 +23,7 @@ struct Raw {
     api_key_file: Option<PathBuf>,
     path: Option<PathBuf>,
     batch_size: Option<usize>,
+    max_in_flight: Option<usize>,
     timeout_ms: Option<u64>,
 }
 
@@ -49,6 +50,7 @@ pub struct Config {
     token: Option<String>,
     path: Option<PathBuf>,
     batch: usize,
+    in_flight: usize,
     timeout: Duration,
 }
 
@@ -135,6 +137,7 @@ impl Config {
             token,
             path: raw.path.map(|p| resolve(base, &p)),
             batch,
+            in_flight: crate::http::client::max_in_flight(raw.max_in_flight)?,
             timeout,
         })
     }
@@ -153,6 +156,7 @@ impl Config {
             self.batch,
             self.timeout,
         )
+        .with_max_in_flight(self.in_flight)
     }
 }
 

@@ -482,3 +482,47 @@ fn physical_residue_reads_the_persist_folder() {
         .unwrap_err();
     assert!(matches!(e, AdapterError::Failed { .. }), "{e}");
 }
+
+/// `max_in_flight` bounds the target's requests at once across threads (several jobs on one
+/// collection), here against the shared test server standing in for Chroma: a higher bound lets
+/// more through, so the bound is what held them.
+#[test]
+fn max_in_flight_bounds_concurrent_requests() {
+    use crate::doubles::{Response, Server};
+    let server = Server::start(|r| {
+        Some(Response::json(
+            200,
+            if r.path.ends_with("/get") {
+                json!({ "ids": [], "metadatas": [] })
+            } else {
+                json!({ "id": "00000000-0000-4000-8000-000000000001", "name": "memories" })
+            },
+        ))
+    });
+    let peak = |max: usize| {
+        let text = format!(
+            "url = \"{}\"\ncollection = \"memories\"\nmetadata = {{ tenant = \"tenant_id\", subject = \"user_id\" }}\nmax_in_flight = {max}\n",
+            server.url()
+        );
+        let a = Config::parse(toml::from_str(&text).unwrap(), Path::new("."))
+            .unwrap()
+            .build("vectors");
+        server.hold(50);
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| {
+                    let scope = Scope::Subject {
+                        tenant: Tenant::new("acme").unwrap(),
+                        subject: Subject::new("alice").unwrap(),
+                    };
+                    assert_eq!(a.inventory(&scope).unwrap().count, 0);
+                });
+            }
+        });
+        let p = server.peak();
+        server.hold(0);
+        p
+    };
+    assert_eq!(peak(2), 2);
+    assert!(peak(6) > 2);
+}

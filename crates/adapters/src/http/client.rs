@@ -7,7 +7,13 @@
 //! and the job BLOCKED, to be resumed later. Every wait counts against `budget_ms`. Messages
 //! name the operation and the status, never a URL (it holds encoded identifiers), a response
 //! body or the token.
+//!
+//! One client serves one target, and may bound the target's requests in flight
+//! ([`Client::with_max_in_flight`]): every attempt, from any thread, takes a slot first, and a
+//! `Retry-After` the vendor gives holds every request of the target until it has passed, not
+//! only the one it answered.
 
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use ureq::http::{self, HeaderName, HeaderValue, Method};
@@ -56,6 +62,68 @@ pub(crate) struct Client {
     token: Option<String>,
     headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) pacing: Pacing,
+    /// The target's requests in flight, and when the next may start.
+    slots: Arc<InFlight>,
+}
+
+/// A counting semaphore over one target's requests, with the time before which none may
+/// start (the latest `Retry-After` any of them was given).
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    max: usize,
+    state: Mutex<(usize, Option<Instant>)>,
+    freed: Condvar,
+}
+
+/// A taken slot; dropping it frees the slot.
+pub(crate) struct Slot<'a>(&'a InFlight);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.0 -= 1;
+        self.0.freed.notify_all();
+    }
+}
+
+impl InFlight {
+    /// At most `max` requests at once (at least 1).
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            state: Mutex::new((0, None)),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits for a free slot and for any `Retry-After` to pass, then takes the slot.
+    pub(crate) fn take(&self) -> Slot<'_> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let now = Instant::now();
+            let wait = st.1.filter(|at| *at > now).map(|at| at - now);
+            match wait {
+                Some(d) => {
+                    st = self.freed.wait_timeout(st, d).unwrap_or_else(|p| p.into_inner()).0;
+                }
+                None if st.0 >= self.max => {
+                    st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                None => {
+                    st.0 += 1;
+                    return Slot(self);
+                }
+            }
+        }
+    }
+
+    /// No request of the target starts before `at`.
+    pub(crate) fn hold_until(&self, at: Instant) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.1.is_none_or(|t| t < at) {
+            st.1 = Some(at);
+        }
+    }
 }
 
 impl std::fmt::Debug for Client {
@@ -90,7 +158,15 @@ impl Client {
             token,
             headers,
             pacing,
+            slots: Arc::new(InFlight::new(usize::MAX)),
         }
+    }
+
+    /// Bounds the target's requests in flight to `max` (at least 1), across every thread that
+    /// uses this client.
+    pub(crate) fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.slots = Arc::new(InFlight::new(max));
+        self
     }
 
     /// Whether `url`, as a vendor gave it (absolute, or from `/`), is on this client's origin;
@@ -128,7 +204,11 @@ impl Client {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let (why, wait, answered) = match self.once(method, &uri, body, key) {
+            let answer = {
+                let _slot = self.slots.take();
+                self.once(method, &uri, body, key)
+            };
+            let (why, wait, answered) = match answer {
                 Ok((status, location, retry_after, body)) => {
                     let retry = matches!(status, 429 | 500 | 502 | 503 | 504);
                     if !retry {
@@ -150,7 +230,11 @@ impl Client {
                                 d.as_secs()
                             )));
                         }
-                        (429 | 503, Some(d)) => d,
+                        (429 | 503, Some(d)) => {
+                            // The vendor asked the target, not this request, to wait.
+                            self.slots.hold_until(Instant::now() + d);
+                            d
+                        }
                         _ => self.backoff(attempt),
                     };
                     (why, wait, true)
@@ -274,6 +358,57 @@ fn shown(e: &ureq::Error) -> String {
     }
 }
 
+/// A vendor's origin from config: `https://host[:port]` (any host), or `http://` on loopback
+/// only (a test double, a local server), without path, query or credentials; lower-cased,
+/// without a trailing `/`. `form` says what the key should look like.
+pub(crate) fn origin(url: &str, form: &str) -> Result<String, String> {
+    let url = url.trim_end_matches('/');
+    let (scheme, authority) = url.split_once("://").ok_or(form)?;
+    if !matches!(scheme, "https" | "http")
+        || authority.is_empty()
+        || authority.contains(['/', '?', '#', '@', '{', '}'])
+        || authority.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(form.into());
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if host.is_empty() || (scheme == "http" && !loopback) {
+        return Err(format!(
+            "{form}: over plain http the credentials and every identifier would cross the network readable"
+        ));
+    }
+    Ok(format!("{scheme}://{}", authority.to_ascii_lowercase()))
+}
+
+/// Milliseconds from config within `min..=max`, or `default`.
+pub(crate) fn millis(
+    key: &str,
+    v: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<Duration, String> {
+    match v.unwrap_or(default) {
+        n if (min..=max).contains(&n) => Ok(Duration::from_millis(n)),
+        _ => Err(format!("`{key}` must be between {min} and {max}")),
+    }
+}
+
+/// `max_in_flight` from config: 1 to 64, default 4.
+pub(crate) fn max_in_flight(v: Option<usize>) -> Result<usize, String> {
+    match v.unwrap_or(4) {
+        n @ 1..=64 => Ok(n),
+        _ => Err("`max_in_flight` must be between 1 and 64".into()),
+    }
+}
+
 /// `Retry-After`: delta seconds, or an HTTP date read against the answer's `Date` (or this
 /// machine's clock without one). A date in the past is no wait.
 pub(crate) fn retry_after(value: &str, date: Option<&str>) -> Option<Duration> {
@@ -313,6 +448,68 @@ fn http_date(s: &str) -> Option<time::OffsetDateTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::doubles::{Response, Server};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn client(url: &str, max: usize) -> Client {
+        let pacing = Pacing {
+            timeout: Duration::from_secs(10),
+            retries: 3,
+            backoff: Duration::from_millis(10),
+            retry_after_max: Duration::from_secs(10),
+            budget: Duration::from_secs(30),
+        };
+        Client::new(url.to_string(), String::new(), None, Vec::new(), pacing).with_max_in_flight(max)
+    }
+
+    /// A 429 with `Retry-After` answered to one request holds every request of the target until
+    /// it passed, not only the one it answered: a second thread's request sent meanwhile waits
+    /// too. Without the hold it would be answered at once.
+    #[test]
+    fn a_retry_after_holds_every_request_of_the_target() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c2 = calls.clone();
+        let server = Server::start(move |r| {
+            let n = c2.fetch_add(1, Ordering::SeqCst);
+            Some(if n == 0 && r.path == "/first" {
+                Response::json(429, serde_json::json!({})).with("Retry-After", "1")
+            } else {
+                Response::json(200, serde_json::json!({}))
+            })
+        });
+        let c = client(&server.url(), 8);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            let a = s.spawn(|| c.send(&Method::GET, "/first", false, None, "k", "first").map(|r| r.status));
+            // Sent once the first was answered 429 and the client read its Retry-After.
+            while c.slots.state.lock().unwrap().1.is_none() {
+                std::thread::yield_now();
+            }
+            let t = Instant::now();
+            let b = c.send(&Method::GET, "/second", false, None, "k", "second").unwrap();
+            assert_eq!(b.status, 200);
+            assert!(t.elapsed() >= Duration::from_millis(800), "the second request waited out the first's Retry-After: {:?}", t.elapsed());
+            assert_eq!(a.join().unwrap().unwrap(), 200);
+        });
+        assert!(started.elapsed() >= Duration::from_secs(1));
+    }
+
+    /// `max_in_flight` bounds requests at once across threads.
+    #[test]
+    fn max_in_flight_bounds_requests_across_threads() {
+        let server = Server::start(|_| Some(Response::json(200, serde_json::json!({}))));
+        for (max, want) in [(2, 2), (5, 5)] {
+            let c = client(&server.url(), max);
+            server.hold(50);
+            std::thread::scope(|s| {
+                for _ in 0..10 {
+                    s.spawn(|| c.send(&Method::GET, "/x", false, None, "k", "x").unwrap());
+                }
+            });
+            assert_eq!(server.peak(), want);
+            server.hold(0);
+        }
+    }
 
     #[test]
     fn retry_after_in_seconds_or_as_a_date() {

@@ -24,6 +24,7 @@ struct Raw {
     retry_after_max_ms: Option<u64>,
     budget_ms: Option<u64>,
     batch_size: Option<usize>,
+    max_in_flight: Option<usize>,
     locate: Option<Object<RawLocate>>,
     locate_tenant: Option<Object<RawLocate>>,
     locate_memory: Option<Object<RawLocate>>,
@@ -269,7 +270,8 @@ impl Config {
             raw_place(&locate_.template)
         );
         Ok(Self {
-            client: Client::new(origin, base_path, token, headers, pacing),
+            client: Client::new(origin, base_path, token, headers, pacing)
+                .with_max_in_flight(super::client::max_in_flight(raw.max_in_flight)?),
             place,
             locate: locate_,
             locate_tenant,

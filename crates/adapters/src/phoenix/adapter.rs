@@ -42,6 +42,8 @@ pub struct Phoenix {
     timeout: Duration,
     verify_timeout: Duration,
     agent: ureq::Agent,
+    /// The target's requests at once (`max_in_flight`), and a `Retry-After` holding them all.
+    in_flight: crate::http::client::InFlight,
 }
 
 impl std::fmt::Debug for Phoenix {
@@ -126,7 +128,14 @@ impl Phoenix {
             timeout,
             verify_timeout,
             agent,
+            in_flight: crate::http::client::InFlight::new(usize::MAX),
         }
+    }
+
+    /// Bounds the target's requests at once to `max` (`max_in_flight`), across threads.
+    pub(crate) fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.in_flight = crate::http::client::InFlight::new(max);
+        self
     }
 
     fn failed(&self, why: impl Into<String>) -> AdapterError {
@@ -152,6 +161,7 @@ impl Phoenix {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
+            let slot = self.in_flight.take();
             let sent = if delete {
                 let mut r = self.agent.delete(url);
                 if let Some(t) = &self.token {
@@ -182,11 +192,16 @@ impl Phoenix {
                 .limit(MAX_BODY)
                 .read_to_vec()
                 .map_err(|e| self.unavailable(format!("{what}: reading the answer: {}", shown(&e))))?;
+            drop(slot);
             if !matches!(status, 429 | 503) {
                 if status >= 500 {
                     return Err(self.unavailable(format!("{what}: Phoenix answered HTTP {status}")));
                 }
                 return Ok((status, bytes));
+            }
+            if let Some(w) = wait {
+                // Phoenix asked the target, not this request, to wait.
+                self.in_flight.hold_until(Instant::now() + w);
             }
             let wait = wait.unwrap_or(Duration::from_millis(250 << (attempt - 1).min(6)));
             if attempt >= ATTEMPTS || started.elapsed() + wait > self.timeout {

@@ -20,6 +20,7 @@ struct Raw {
     api_key_file: Option<PathBuf>,
     path: Option<PathBuf>,
     batch_size: Option<usize>,
+    max_in_flight: Option<usize>,
     timeout_ms: Option<u64>,
     verify_timeout_ms: Option<u64>,
 }
@@ -42,6 +43,7 @@ pub struct Config {
     token: Option<String>,
     path: Option<PathBuf>,
     batch: usize,
+    in_flight: usize,
     timeout: Duration,
     verify_timeout: Duration,
 }
@@ -111,6 +113,7 @@ impl Config {
             token,
             path: raw.path.map(|p| resolve(base, &p)),
             batch,
+            in_flight: crate::http::client::max_in_flight(raw.max_in_flight)?,
             timeout,
             verify_timeout,
         })
@@ -129,6 +132,7 @@ impl Config {
             self.timeout,
             self.verify_timeout,
         )
+        .with_max_in_flight(self.in_flight)
     }
 }
 

@@ -640,3 +640,39 @@ fn physical_residue_finds_erased_trace_ids_in_the_sqlite_files() {
         .unwrap_err();
     assert!(matches!(e, AdapterError::Failed { .. }), "{e}");
 }
+
+/// `max_in_flight` bounds the target's requests at once across threads (several jobs on one
+/// project), here against the shared test server standing in for Phoenix: a higher bound lets
+/// more through, so the bound is what held them.
+#[test]
+fn max_in_flight_bounds_concurrent_requests() {
+    use crate::doubles::{Response, Server};
+    let server =
+        Server::start(|_| Some(Response::json(200, json!({ "data": [], "next_cursor": null }))));
+    let peak = |max: usize| {
+        let text = format!(
+            "url = \"{}\"\nproject = \"agents\"\nmetadata = {{ tenant = \"tenant_id\", subject = \"user_id\" }}\nmax_in_flight = {max}\n",
+            server.url()
+        );
+        let a = Config::parse(toml::from_str(&text).unwrap(), Path::new("."))
+            .unwrap()
+            .build("traces");
+        server.hold(50);
+        std::thread::scope(|s| {
+            for _ in 0..6 {
+                s.spawn(|| {
+                    let scope = Scope::Subject {
+                        tenant: Tenant::new("acme").unwrap(),
+                        subject: Subject::new("alice").unwrap(),
+                    };
+                    assert_eq!(a.inventory(&scope).unwrap().count, 0);
+                });
+            }
+        });
+        let p = server.peak();
+        server.hold(0);
+        p
+    };
+    assert_eq!(peak(2), 2);
+    assert!(peak(6) > 2);
+}
