@@ -27,6 +27,8 @@ mod gate;
 pub mod holds;
 pub mod jobs;
 pub mod lineage;
+pub mod observe;
+pub mod requests;
 mod schema;
 
 use std::collections::HashMap;

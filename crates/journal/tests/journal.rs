@@ -338,7 +338,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     // The migration recorded this Lethe's schema version; a store a newer Lethe migrated is
     // refused, with a message that says so, and left as it is.
     assert_eq!(
-        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '6'"),
+        st.count("SELECT count(*) FROM lethe_meta WHERE k = 'schema_version' AND v = '7'"),
         1
     );
     st.raw("UPDATE lethe_meta SET v = 'newer' WHERE k = 'schema_fingerprint'");
@@ -346,7 +346,7 @@ fn a_store_with_this_schema_is_opened_without_ddl_and_an_older_one_is_migrated(s
     let e = Journal::open_url(&st.url(), std::path::Path::new(".")).unwrap_err();
     assert!(
         e.to_string()
-            .contains("schema is version 99, newer than this Lethe's (6)"),
+            .contains("schema is version 99, newer than this Lethe's (7)"),
         "{e}"
     );
     assert_eq!(
