@@ -93,9 +93,15 @@ impl From<JournalError> for ApiError {
     }
 }
 
+/// An error answer's code, on the response's extensions: the metrics count refusals by it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ErrorCode(pub(crate) &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"error": self.code, "message": self.message});
-        (self.status, axum::Json(body)).into_response()
+        let mut res = (self.status, axum::Json(body)).into_response();
+        res.extensions_mut().insert(ErrorCode(self.code));
+        res
     }
 }
