@@ -8,6 +8,7 @@ mod guard;
 mod hold;
 mod jobs;
 mod journal;
+mod request;
 mod scope;
 mod serve;
 mod targets;
@@ -59,6 +60,13 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
         } => jobs::show(&config, job_id, json),
         Command::Certificate { command } => certificate::run(&config, command),
         Command::Hold { command } => hold::run(&config, command),
+        Command::Request { command } => request::run(&config, command),
+        Command::Approve {
+            request_id,
+            token_file,
+            drain_timeout,
+            json,
+        } => erase::approve(&config, &request_id, &token_file, drain_timeout, json),
         Command::Guard { command } => guard::run(&config, command),
         Command::Journal {
             command: JournalCommand::Verify { json },

@@ -12,9 +12,6 @@ use lethe_journal::Journal;
 
 use crate::exit::{bad, Exit};
 
-/// Shortest token accepted: a bearer token is a password.
-const MIN_TOKEN_LEN: usize = 16;
-
 pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
     let cfg = Config::load(config).map_err(crate::exit::config)?;
     if cfg.serve.tokens.is_empty() {
@@ -26,39 +23,27 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
     let mut seen = BTreeSet::new();
     for t in &cfg.serve.tokens {
         let shown = t.token_file.display();
-        let text = std::fs::read_to_string(&t.token_file)
-            .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?;
-        // A bearer token is a password: as with the key file, refuse one others can read.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(&t.token_file)
-                .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(bad(format!(
-                    "serve.token_file {shown} is readable by group or others (mode {:o}); chmod 600 it",
-                    mode & 0o777
-                )));
-            }
-        }
-        let token = text.trim().to_string();
-        // Visible ASCII only: a header value is bytes, and a client sends a non-ASCII token in
-        // whatever encoding it likes, so such a token would start a server no one can use.
-        if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(bad(format!(
-                "serve.token_file {shown}: a token must be one line of at least {MIN_TOKEN_LEN} \
-                 visible ASCII characters (no spaces, no accented letters)"
-            )));
-        }
+        let token = crate::secret::read_secret_file(&t.token_file, "serve.token_file")?;
         if !seen.insert(token.clone()) {
             return Err(bad(format!(
                 "serve.token_file {shown}: the same token is listed twice"
             )));
         }
-        tokens.push((token, t.role));
+        tokens.push(lethe_server::Token::new(token, t.role, t.name.clone()));
     }
+    let mut webhooks = Vec::new();
+    for a in &cfg.serve.alerts {
+        let secret = crate::secret::read_secret_file(&a.secret_file, "serve.alert secret_file")?;
+        webhooks.push(lethe_server::Webhook {
+            url: a.url.clone(),
+            secret: secret.into_bytes(),
+        });
+    }
+    let dpo = lethe_server::Dpo {
+        require_approval: cfg.serve.require_approval,
+        webhooks,
+        ..lethe_server::Dpo::default()
+    };
     // A journal URL the server refuses as configured (no such database, a role it does not
     // know) is the configuration's error, as for every other command (review).
     let open = || {
@@ -121,6 +106,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             journals,
             watcher_journal,
             tokens,
+            dpo,
             clock: Arc::new(SystemClock),
             hooks: lethe_server::Hooks::default(),
             sweep_every: lethe_server::SWEEP_EVERY,
