@@ -186,14 +186,16 @@ Exit 0 COMPLETE (certificate written), 3 BLOCKED (see `lethe job show`, then `le
     /// Erasure requests that another person approves: a requester records one with the day
     /// the person asked (the deadline counts from it); `lethe approve` starts its job.
     #[command(after_help = "Examples:
-  lethe request create --scope-file dsr-1234.json --basis gdpr-art17 --ticket DSR-1234 --received-at 2026-12-01T09:30:00Z --identity-verified --token-file requester.token
+  export LETHE_TOKEN_FILE=~/.lethe/requester.token       # who you are: your token
+  lethe request create --scope-file dsr-1.json --basis ccpa --ticket DSR-1 --received-at 2026-12-01
   lethe request list
-  lethe request reject req-0123456789ab --reason duplicate --token-file approver.token
-  lethe request intake pause --token-file admin.token     # new requests refused; jobs go on
+  lethe request reject req-0123456789ab --reason duplicate
+  lethe request intake pause                                # new requests refused; jobs go on
 
 Who you are is the token in --token-file (or LETHE_TOKEN_FILE): one of [[serve.token]], whose
 role must allow the command and whose name the journal records. The server's rules hold: the
-token that made a request never approves it.")]
+token that made a request never approves it, and one without --identity-verified is not
+approved.")]
     Request {
         #[command(subcommand)]
         command: RequestCommand,
@@ -201,13 +203,13 @@ token that made a request never approves it.")]
     /// Approve a pending request (never one your token made) and run its job to the end, as
     /// `erase` does; exit codes as `erase`'s.
     #[command(after_help = "Examples:
-  lethe approve req-0123456789ab --token-file ~/.lethe/approver.token")]
+  lethe approve req-0123456789ab --token-file approver.token")]
     Approve {
         /// The request id (`req-` and 12 hex digits, as `lethe request list` shows it).
         request_id: String,
         /// The file holding your token (an `approver` or `admin` of [[serve.token]]).
         #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
-        token_file: PathBuf,
+        token_file: Option<PathBuf>,
         /// Seconds to wait for undrained permits.
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
         drain_timeout: u64,
@@ -442,8 +444,9 @@ pub enum RequestCommand {
         /// The privacy ticket (e.g. DSR-1234; at most 256 bytes).
         #[arg(long)]
         ticket: String,
-        /// When the person's request was received, RFC 3339 (2026-12-01T09:30:00Z); not in
-        /// the future. The deadline counts from it: GDPR one month, CCPA 45 days.
+        /// When the person's request was received: RFC 3339 (2026-12-01T09:30:00Z) or a day
+        /// (2026-12-01); not in the future. The deadline counts from it: GDPR one month, CCPA
+        /// 45 days.
         #[arg(long)]
         received_at: String,
         /// The person's identity was verified (a request without it cannot be approved).
@@ -458,7 +461,7 @@ pub enum RequestCommand {
         extension_reason: Option<String>,
         /// The file holding your token (a `requester` or `admin` of [[serve.token]]).
         #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
-        token_file: PathBuf,
+        token_file: Option<PathBuf>,
         /// Print JSON: {"request_id", "deadline", "state"}.
         #[arg(long)]
         json: bool,
@@ -479,7 +482,7 @@ pub enum RequestCommand {
         reason: String,
         /// The file holding your token (an `approver` or `admin`).
         #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
-        token_file: PathBuf,
+        token_file: Option<PathBuf>,
     },
     /// Pause or resume the intake of new requests (jobs in flight go on).
     Intake {
@@ -488,7 +491,7 @@ pub enum RequestCommand {
         switch: String,
         /// The file holding your token (an `admin`).
         #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
-        token_file: PathBuf,
+        token_file: Option<PathBuf>,
     },
 }
 

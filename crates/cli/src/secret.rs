@@ -44,9 +44,12 @@ pub(crate) fn read_secret_file(path: &Path, what: &str) -> Result<String, Exit> 
 /// `roles`: who runs a DPO command, as the server would know them. Returns its name.
 pub(crate) fn holder(
     config: &Path,
-    token_file: &Path,
+    token_file: Option<&Path>,
     roles: &[lethe_engine::config::Role],
 ) -> Result<String, Exit> {
+    let token_file = token_file.ok_or_else(|| {
+        bad("who are you? give --token-file FILE (or LETHE_TOKEN_FILE): your token of [[serve.token]]")
+    })?;
     let cfg = lethe_engine::Config::load(config).map_err(crate::exit::config)?;
     let given = read_secret_file(token_file, "--token-file")?;
     let mut found = None;

@@ -194,8 +194,8 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
             "has no token",
         ),
         (
-            CONFIG.replace("role = \"operator\"", "role = \"admin\""),
-            "role 'admin' is unknown",
+            CONFIG.replace("role = \"operator\"", "role = \"superuser\""),
+            "role 'superuser' is unknown",
         ),
         (
             CONFIG.replace("pool = 4", "pool = 4\nthreads = 2"),

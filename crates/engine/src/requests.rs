@@ -255,6 +255,21 @@ impl Engine {
     }
 }
 
+/// A request's receipt: an RFC 3339 time with its offset (`2026-12-01T09:30:00Z`), or a day
+/// (`2026-12-01`, its start in UTC).
+pub fn parse_received(s: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .or_else(|| {
+            time::Date::parse(
+                s,
+                &time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .ok()
+            .map(|d| d.midnight().assume_utc())
+        })
+}
+
 /// Whether `s` has the form of a request id (`req-` and 12 lowercase hex digits).
 pub fn is_request_id(s: &str) -> bool {
     s.strip_prefix("req-").is_some_and(|h| {

@@ -47,6 +47,8 @@ pub(crate) struct State {
     pub(crate) require_approval: bool,
     /// What `GET /metrics` reports.
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// The console's signed-in sessions.
+    pub(crate) sessions: Arc<crate::console::Sessions>,
 }
 
 /// Refuses a grant (503, retryable) while the server's hold on the gate authority is lost: an
@@ -84,6 +86,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs/{job_id}", get(job))
         .route("/v1/jobs/{job_id}/resume", post(resume_job))
         .merge(crate::requests::routes())
+        .merge(crate::console::routes())
         .route("/metrics", get(crate::metrics::scrape))
         .fallback(|| async {
             ApiError::new(
@@ -118,7 +121,11 @@ async fn admit(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let open = matches!(req.uri().path(), "/healthz" | "/v1/openapi.json");
+    // The console signs its users in with a form and a session cookie, checked by its pages.
+    let path = req.uri().path();
+    let open = matches!(path, "/healthz" | "/v1/openapi.json")
+        || path == "/console"
+        || path.starts_with("/console/");
     if !open {
         if let Err(e) = role(&state.tokens, req.headers()) {
             return e.into_response();
@@ -245,7 +252,7 @@ pub(crate) fn authorize(
     Ok(token)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() || a.is_empty() {
         return false;
     }

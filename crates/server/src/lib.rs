@@ -14,6 +14,7 @@
 //!   run jobs; `requester`, `approver` and `admin` are the DPO's service (`requests.rs`): a
 //!   request is approved by another token than the one that made it, and the journal records
 //!   both names.
+//! - `/console` (`console.rs`): the DPO's pages, server-rendered, with sessions and CSRF tokens.
 //! - `GET /metrics` (`metrics.rs`) and webhook alerts (`alerts.rs`) are read from the control
 //!   store by one watcher loop (`watch.rs`), so a restarted server neither loses nor repeats
 //!   what it reported.
@@ -24,6 +25,7 @@
 mod alerts;
 mod api;
 mod conn;
+mod console;
 mod error;
 mod metrics;
 mod pool;
@@ -136,6 +138,8 @@ pub struct Dpo {
     /// The first wait before a failed alert delivery is tried again; doubled each time, five
     /// tries in all ([`ALERT_BACKOFF`] in production).
     pub alert_backoff: std::time::Duration,
+    /// How long a console session lasts after its last use ([`SESSION_TTL`] in production).
+    pub session_ttl: std::time::Duration,
 }
 
 impl Default for Dpo {
@@ -145,12 +149,16 @@ impl Default for Dpo {
             webhooks: Vec::new(),
             watch_every: WATCH_EVERY,
             alert_backoff: ALERT_BACKOFF,
+            session_ttl: SESSION_TTL,
         }
     }
 }
 
 /// How often `lethe serve` reads the control store for its metrics and alerts.
 pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a console session lasts after its last use.
+pub const SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// The first retry's wait for an alert's delivery.
 pub const ALERT_BACKOFF: std::time::Duration = std::time::Duration::from_secs(2);
@@ -208,6 +216,7 @@ pub async fn run(
         authority_lost,
         require_approval: server.dpo.require_approval,
         metrics: Arc::new(metrics::Metrics::new()),
+        sessions: Arc::new(console::Sessions::new(server.dpo.session_ttl)),
     };
     tokio::spawn(watch::watch(
         state.clone(),

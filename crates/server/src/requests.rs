@@ -99,13 +99,10 @@ async fn create(
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let basis: Basis = b.basis.parse().map_err(ApiError::bad_request)?;
-    let received_at = time::OffsetDateTime::parse(
-        &b.received_at,
-        &time::format_description::well_known::Rfc3339,
-    )
-    .map_err(|_| {
+    let received_at = lethe_engine::requests::parse_received(&b.received_at).ok_or_else(|| {
         ApiError::bad_request(
-            "received_at must be an RFC 3339 time with its offset (2026-12-01T09:30:00Z)",
+            "received_at must be an RFC 3339 time with its offset (2026-12-01T09:30:00Z) or a \
+             day (2026-12-01)",
         )
     })?;
     let deadline = b

@@ -92,7 +92,7 @@ pub(crate) fn resume(
 pub(crate) fn approve(
     config: &Path,
     request_id: &str,
-    token_file: &Path,
+    token_file: Option<&Path>,
     drain_timeout: u64,
     json: bool,
 ) -> Result<i32, Exit> {

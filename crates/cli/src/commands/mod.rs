@@ -66,7 +66,13 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             token_file,
             drain_timeout,
             json,
-        } => erase::approve(&config, &request_id, &token_file, drain_timeout, json),
+        } => erase::approve(
+            &config,
+            &request_id,
+            token_file.as_deref(),
+            drain_timeout,
+            json,
+        ),
         Command::Guard { command } => guard::run(&config, command),
         Command::Journal {
             command: JournalCommand::Verify { json },

@@ -35,13 +35,11 @@ pub(crate) fn run(config: &Path, command: RequestCommand) -> Result<i32, Exit> {
             // nothing.
             let scope = checked_scope(&scope, "the request covers")?;
             let basis: Basis = basis.parse().map_err(bad)?;
-            let received_at = time::OffsetDateTime::parse(
-                &received_at,
-                &time::format_description::well_known::Rfc3339,
-            )
-            .map_err(|_| {
-                bad("--received-at must be an RFC 3339 time with its offset (2026-12-01T09:30:00Z)")
-            })?;
+            let received_at =
+                lethe_engine::requests::parse_received(&received_at).ok_or_else(|| {
+                    bad("--received-at must be an RFC 3339 time with its offset \
+                     (2026-12-01T09:30:00Z) or a day (2026-12-01)")
+                })?;
             let deadline = deadline
                 .map(|d| {
                     time::Date::parse(
@@ -51,7 +49,7 @@ pub(crate) fn run(config: &Path, command: RequestCommand) -> Result<i32, Exit> {
                 })
                 .transpose()
                 .map_err(|_| bad("--deadline must be YYYY-MM-DD"))?;
-            let by = holder(config, &token_file, &[Role::Requester])?;
+            let by = holder(config, token_file.as_deref(), &[Role::Requester])?;
             let engine = open_engine(config)?;
             let rec = engine.submit_request(
                 RequestInput {
@@ -122,14 +120,14 @@ pub(crate) fn run(config: &Path, command: RequestCommand) -> Result<i32, Exit> {
             reason,
             token_file,
         } => {
-            let by = holder(config, &token_file, &[Role::Approver])?;
+            let by = holder(config, token_file.as_deref(), &[Role::Approver])?;
             let engine = open_engine(config)?;
             engine.reject_request(&request_id, &by, &reason)?;
             outln!("Request {request_id} rejected.");
             Ok(0)
         }
         RequestCommand::Intake { switch, token_file } => {
-            let by = holder(config, &token_file, &[])?;
+            let by = holder(config, token_file.as_deref(), &[])?;
             let engine = open_engine(config)?;
             let paused = switch == "pause";
             let changed = engine.set_intake_paused(paused, &by)?;
