@@ -202,6 +202,20 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
             "unknown field",
         ),
         (
+            CONFIG.replace(
+                "pool = 4",
+                "pool = 4\ntls = { cert_file = \"no-such.crt\", key_file = \"no-such.key\" }",
+            ),
+            "serve.tls cert_file",
+        ),
+        (
+            CONFIG.replace(
+                "role = \"operator\"",
+                "role = \"operator\"\nname = \"runtime-1\"",
+            ),
+            "is given twice",
+        ),
+        (
             CONFIG.replace("operator.token", "missing.token"),
             "missing.token",
         ),

@@ -101,6 +101,7 @@ struct RawServe {
     pool: Option<usize>,
     allow_plain_http: Option<bool>,
     require_approval: Option<bool>,
+    tls: Option<Object<RawTls>>,
     #[serde(default)]
     token: Vec<Object<RawToken>>,
     #[serde(default)]
@@ -113,6 +114,22 @@ struct RawToken {
     role: String,
     token_file: PathBuf,
     name: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+}
+
+/// `[serve] tls`: the PEM files `lethe serve` speaks HTTPS with.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
 }
 
 #[derive(serde::Deserialize)]
@@ -198,6 +215,8 @@ pub struct Serve {
     pub require_approval: bool,
     /// Webhooks alerts are sent to.
     pub alerts: Vec<AlertSpec>,
+    /// HTTPS instead of plain HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -500,6 +519,7 @@ impl Config {
                 allow_plain_http: false,
                 require_approval: false,
                 alerts: Vec::new(),
+                tls: None,
             },
             Some(s) => {
                 let pool = s.pool.unwrap_or(8);
@@ -529,6 +549,10 @@ impl Config {
                     allow_plain_http: s.allow_plain_http.unwrap_or(false),
                     require_approval: s.require_approval.unwrap_or(false),
                     alerts,
+                    tls: s.tls.map(|Object(t)| TlsFiles {
+                        cert_file: resolve(t.cert_file),
+                        key_file: resolve(t.key_file),
+                    }),
                 }
             }
         };

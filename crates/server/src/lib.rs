@@ -31,6 +31,7 @@ mod metrics;
 mod pool;
 mod requests;
 mod revocations;
+mod tls;
 mod watch;
 
 use std::future::Future;
@@ -44,6 +45,7 @@ use lethe_journal::Journal;
 pub use conn::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVEN};
 pub use error::ApiError;
 pub use revocations::MAX_WATCHED_LEASES;
+pub use tls::{tls_config, TlsConfig};
 
 /// The OpenAPI 3.1 document served at `GET /v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -74,6 +76,8 @@ pub struct Server {
     /// on the server's own asynchronous connections (as many as `journals`) instead of a
     /// blocking thread each. `None` (SQLite) keeps every call on `journals`.
     pub postgres: Option<lethe_postgres::Settings>,
+    /// TLS ([`tls_config`]): every connection is HTTPS. `None`: plain HTTP.
+    pub tls: Option<TlsConfig>,
 }
 
 /// A bearer token the server accepts.
@@ -199,6 +203,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let idle_timeout = server.idle_timeout;
+    let tls = server.tls.map(tokio_rustls::TlsAcceptor::from);
     let authority_lost = server.watcher_journal.gate_authority_lost();
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
     let pg = server
@@ -231,13 +236,14 @@ pub async fn run(
         state.stop.clone(),
     ));
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "Gate listening.");
+    tracing::info!(%addr, tls = tls.is_some(), "Gate listening.");
     let tokens = Arc::clone(&state.tokens);
     conn::serve(
         listener,
         api::router(state),
         Arc::new(move |headers: &axum::http::HeaderMap| api::role(&tokens, headers).is_ok()),
         idle_timeout,
+        tls,
         SHUTDOWN_GRACE,
         async move {
             shutdown.await;

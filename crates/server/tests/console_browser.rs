@@ -62,6 +62,7 @@ impl Env {
             hooks: Hooks::default(),
             sweep_every: Duration::from_secs(3600),
             idle_timeout: lethe_server::IDLE_TIMEOUT,
+            tls: None,
             postgres: None,
         });
         Self {

@@ -131,6 +131,7 @@ impl Env {
             sweep_every: self.sweep_every,
             idle_timeout: self.idle_timeout,
             // PostgreSQL: the asynchronous gate path, as `lethe serve` runs it.
+            tls: None,
             postgres: self.journal.starts_with("postgres").then(|| {
                 lethe_postgres::Settings::from_url(&self.journal, self.dir.path()).unwrap()
             }),

@@ -77,6 +77,10 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         };
     let listen = listen.unwrap_or_else(|| cfg.serve.listen.clone());
     let allow_plain_http = cfg.serve.allow_plain_http;
+    let tls = match &cfg.serve.tls {
+        Some(t) => Some(lethe_server::tls_config(&t.cert_file, &t.key_file).map_err(bad)?),
+        None => None,
+    };
     let engine = Arc::new(Engine::open(cfg, Arc::new(SystemClock))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -88,18 +92,20 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             .map_err(|e| bad(format!("cannot listen on {listen}: {e}")))?;
         let addr = listener.local_addr().map_err(|e| Exit(1, e.into()))?;
         // Plain HTTP off the machine sends every bearer token readable across the network.
-        if !addr.ip().is_loopback() {
+        if tls.is_none() && !addr.ip().is_loopback() {
             if !allow_plain_http {
                 return Err(bad(format!(
                     "refusing to listen on {addr} over plain HTTP: bearer tokens are passwords, \
                      and every request would carry one readable across the network. Listen on \
-                     a loopback address (127.0.0.1:7400) behind a TLS proxy, or set \
+                     a loopback address (127.0.0.1:7400) behind a TLS proxy, give [serve] tls = \
+                     {{ cert_file, key_file }}, or set \
                      allow_plain_http = true in [serve] for a network you trust"
                 )));
             }
             tracing::warn!(%addr, "Listening on a non-loopback address over plain HTTP (allow_plain_http = true): bearer tokens cross the network readable.");
         }
-        outln!("Listening on http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        outln!("Listening on {scheme}://{addr}");
         let _ = std::io::stdout().flush();
         let server = lethe_server::Server {
             engine,
@@ -112,6 +118,7 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             sweep_every: lethe_server::SWEEP_EVERY,
             idle_timeout: lethe_server::IDLE_TIMEOUT,
             postgres,
+            tls,
         };
         lethe_server::run(listener, server, shutdown_signal())
             .await
