@@ -142,6 +142,14 @@ impl Engine {
     /// caller resumes the job. Returns the job id.
     pub fn approve_request(&self, request_id: &str, by: &str) -> Result<String, EngineError> {
         let rec = self.pending(request_id)?;
+        // The row as the chain recorded it, and its identifiers as its hash says.
+        self.journal.check_request(&rec)?;
+        if self.scope_hash(&rec.scope) != rec.scope_hash {
+            return Err(lethe_journal::JournalError::Corrupt(format!(
+                "request {request_id}'s scope does not match its hash (the requests table was edited)"
+            ))
+            .into());
+        }
         if rec.requested_by == by {
             return Err(RequestError::SamePerson(rec.request_id).into());
         }

@@ -159,10 +159,11 @@ impl Journal {
         self.write_entry(|tx| {
             let scope = serde_json::to_string(&new.scope)
                 .map_err(|e| JournalError::Corrupt(e.to_string()))?;
+            let seq = append(tx, &new.created_at, None, &receipt(new))?;
             tx.exec(
                 &format!(
-                    "INSERT INTO requests ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
-                     $10, $11, 'PENDING', NULL, NULL, NULL, NULL)"
+                    "INSERT INTO requests ({COLUMNS}, received_seq) VALUES ($1, $2, $3, $4, $5, \
+                     $6, $7, $8, $9, $10, $11, 'PENDING', NULL, NULL, NULL, NULL, $12)"
                 ),
                 &[
                     new.request_id.as_str().into(),
@@ -176,26 +177,53 @@ impl Journal {
                     i64::from(new.identity_verified).into(),
                     new.requested_by.as_str().into(),
                     new.created_at.as_str().into(),
+                    seq.into(),
                 ],
             )
             .map_err(db)?;
-            append(
-                tx,
-                &new.created_at,
-                None,
-                &Entry::RequestReceived {
-                    request_id: new.request_id.clone(),
-                    scope_hash: new.scope_hash.clone(),
-                    basis: new.basis,
-                    ticket: new.ticket.clone(),
-                    received_at: new.received_at.clone(),
-                    deadline: new.deadline.to_string(),
-                    identity_verified: new.identity_verified,
-                    requested_by: new.requested_by.clone(),
-                },
-            )?;
             load(tx, &new.request_id)?.ok_or_else(|| JournalError::Corrupt("request".into()))
         })
+    }
+
+    /// Checks a request's row against the chain's entry of its receipt: who asked, the scope's
+    /// hash, the basis, the ticket, the receipt, the deadline and the identity check. The
+    /// approval reads the row, the chain holds the truth: a row edited by hand (another
+    /// requester's name, so the same person could approve) is refused here.
+    pub fn check_request(&self, rec: &RequestRecord) -> Result<()> {
+        let body = self.read(|tx| {
+            tx.row(
+                "SELECT j.body FROM requests r JOIN journal j ON j.seq = r.received_seq \
+                 WHERE r.request_id = $1",
+                &[rec.request_id.as_str().into()],
+            )
+            .map_err(db)
+        })?;
+        let entry: Option<Entry> = body.and_then(|r| serde_json::from_str(&r[0].text()).ok());
+        let expected = receipt(&NewRequest {
+            request_id: rec.request_id.clone(),
+            scope: rec.scope.clone(),
+            scope_hash: rec.scope_hash.clone(),
+            basis: rec.basis,
+            ticket: rec.ticket.clone(),
+            received_at: rec.received_at.clone(),
+            deadline: time::Date::parse(
+                &rec.deadline,
+                &time::macros::format_description!("[year]-[month]-[day]"),
+            )
+            .map_err(|_| JournalError::Corrupt("request deadline".into()))?,
+            extension_reason: rec.extension_reason.clone(),
+            identity_verified: rec.identity_verified,
+            requested_by: rec.requested_by.clone(),
+            created_at: rec.created_at.clone(),
+        });
+        if entry.as_ref() != Some(&expected) {
+            return Err(JournalError::Corrupt(format!(
+                "request {} differs from the journal's entry of its receipt (the requests \
+                 table was edited)",
+                rec.request_id
+            )));
+        }
+        Ok(())
     }
 
     /// One request, if it exists.
@@ -308,6 +336,20 @@ impl Journal {
             append(tx, at, None, &entry)?;
             Ok(true)
         })
+    }
+}
+
+/// The chain's entry of a request's receipt.
+fn receipt(new: &NewRequest) -> Entry {
+    Entry::RequestReceived {
+        request_id: new.request_id.clone(),
+        scope_hash: new.scope_hash.clone(),
+        basis: new.basis,
+        ticket: new.ticket.clone(),
+        received_at: new.received_at.clone(),
+        deadline: new.deadline.to_string(),
+        identity_verified: new.identity_verified,
+        requested_by: new.requested_by.clone(),
     }
 }
 

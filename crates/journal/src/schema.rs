@@ -160,6 +160,7 @@ CREATE TABLE IF NOT EXISTS lineage (
 -- Erasure requests (`POST /v1/requests`, `lethe request create`): the scope's identifiers
 -- stay here, as a job's do in `jobs`; the chain holds the request's id, scope hash and the
 -- names of who asked and who decided, never an identifier. state: PENDING, APPROVED, REJECTED.
+-- received_seq: the chain's entry of its receipt, which an approval checks the row against.
 CREATE TABLE IF NOT EXISTS requests (
     request_id        TEXT PRIMARY KEY,
     scope             TEXT NOT NULL,
@@ -176,7 +177,8 @@ CREATE TABLE IF NOT EXISTS requests (
     decided_by        TEXT,
     decided_at        TEXT,
     reject_reason     TEXT,
-    job_id            TEXT
+    job_id            TEXT,
+    received_seq      {INT} NOT NULL
 );
 -- The permits a job's freeze found active: the job cannot leave FROZEN until each is released
 -- or confirmed cancelled.

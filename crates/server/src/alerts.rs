@@ -70,8 +70,8 @@ impl Alerts {
         }
     }
 
-    /// Raises what the jobs call for and was not raised yet. Blocking; deliveries go on in
-    /// threads of their own. Returns the kinds raised.
+    /// Raises what the jobs call for and was not raised yet. Blocking; the deliveries go on in
+    /// a thread of their own. Returns the kinds raised.
     pub(crate) fn check(
         &self,
         engine: &Engine,
@@ -84,6 +84,7 @@ impl Alerts {
         }
         let raised = raised.as_mut().expect("read above");
         let mut out = Vec::new();
+        let mut bodies = Vec::new();
         for a in conditions(jobs, now.date()) {
             let k = a.key();
             if raised.get(&k) == Some(&a.condition) {
@@ -94,17 +95,23 @@ impl Alerts {
                 .journal()
                 .record_alert(&at, a.alert, &a.job.job_id, &a.condition)?;
             raised.insert(k, a.condition.clone());
-            let body = body(&a, now.date(), &at, seq);
             tracing::warn!(alert = a.alert, job = %a.job.job_id, condition = %a.condition, "Alert raised.");
             out.push(a.alert);
-            if !self.webhooks.is_empty() {
-                let (hooks, backoff) = (self.webhooks.clone(), self.backoff);
-                let spawned = std::thread::Builder::new()
-                    .name("lethe-alert".into())
-                    .spawn(move || deliver(&hooks, &body, backoff));
-                if let Err(e) = spawned {
-                    tracing::error!(error = %e, "Alert not sent: no thread for its delivery.");
-                }
+            bodies.push(body(&a, now.date(), &at, seq));
+        }
+        // One thread delivers this round's alerts, one after the other: a thousand jobs due at
+        // once make one thread, not a thousand.
+        if !self.webhooks.is_empty() && !bodies.is_empty() {
+            let (hooks, backoff) = (self.webhooks.clone(), self.backoff);
+            let spawned = std::thread::Builder::new()
+                .name("lethe-alert".into())
+                .spawn(move || {
+                    for body in bodies {
+                        deliver(&hooks, &body, backoff);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "Alerts not sent: no thread for their delivery.");
             }
         }
         Ok(out)

@@ -51,13 +51,16 @@ struct Session {
 /// The sessions of this process (a restart signs everyone out).
 pub(crate) struct Sessions {
     ttl: std::time::Duration,
+    /// Whether the server speaks TLS: the cookies are then `Secure`.
+    secure: bool,
     by_id: Mutex<HashMap<String, Session>>,
 }
 
 impl Sessions {
-    pub(crate) fn new(ttl: std::time::Duration) -> Self {
+    pub(crate) fn new(ttl: std::time::Duration, secure: bool) -> Self {
         Self {
             ttl,
+            secure,
             by_id: Mutex::new(HashMap::new()),
         }
     }
@@ -98,10 +101,11 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
-fn set_cookie(name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
+fn set_cookie(secure: bool, name: &str, value: &str, max_age: Option<u64>) -> HeaderValue {
     let age = max_age.map_or(String::new(), |s| format!("; Max-Age={s}"));
+    let secure = if secure { "; Secure" } else { "" };
     HeaderValue::from_str(&format!(
-        "{name}={value}; Path=/console; HttpOnly; SameSite=Strict{age}"
+        "{name}={value}; Path=/console; HttpOnly; SameSite=Strict{secure}{age}"
     ))
     .expect("hex and ASCII")
 }
@@ -293,7 +297,11 @@ fn page(title: &str, who: Option<&Session>, body: Markup) -> axum::response::Htm
     axum::response::Html(doc.into_string())
 }
 
-async fn signin_page(headers: HeaderMap, uri: axum::http::Uri) -> Response {
+async fn signin_page(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
     let csrf = cookie(&headers, SIGNIN)
         .filter(|c| c.len() == 48)
         .map_or_else(random_hex, str::to_string);
@@ -315,7 +323,7 @@ async fn signin_page(headers: HeaderMap, uri: axum::http::Uri) -> Response {
     let mut res = body.into_response();
     res.headers_mut().append(
         axum::http::header::SET_COOKIE,
-        set_cookie(SIGNIN, &csrf, Some(3600)),
+        set_cookie(state.sessions.secure, SIGNIN, &csrf, Some(3600)),
     );
     res
 }
@@ -367,7 +375,7 @@ async fn signin(
     let mut res = Redirect::to("/console/inbox").into_response();
     res.headers_mut().append(
         axum::http::header::SET_COOKIE,
-        set_cookie(SESSION, &id, None),
+        set_cookie(state.sessions.secure, SESSION, &id, None),
     );
     res
 }
@@ -391,7 +399,7 @@ async fn signout(
     let mut res = Redirect::to("/console/signin").into_response();
     res.headers_mut().append(
         axum::http::header::SET_COOKIE,
-        set_cookie(SESSION, "", Some(0)),
+        set_cookie(state.sessions.secure, SESSION, "", Some(0)),
     );
     res
 }

@@ -84,6 +84,15 @@ impl From<JournalError> for ApiError {
             JournalError::NoSuchJob(_) => {
                 Self::new(StatusCode::NOT_FOUND, "no_such_job", "no such job")
             }
+            JournalError::Corrupt(_) => {
+                // What is unreadable or edited, by a column's or a record's name and id only.
+                tracing::error!(error = %e, "The control store holds unreadable or edited data.");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "corrupt",
+                    format!("{e}; nothing was done (`lethe journal verify` checks the chain)"),
+                )
+            }
             e => {
                 // The store's message can name a file or SQL; it stays in the server's log.
                 tracing::error!(error = %e, "Control store failed during a request.");

@@ -221,7 +221,10 @@ pub async fn run(
         authority_lost,
         require_approval: server.dpo.require_approval,
         metrics: Arc::new(metrics::Metrics::new()),
-        sessions: Arc::new(console::Sessions::new(server.dpo.session_ttl)),
+        sessions: Arc::new(console::Sessions::new(
+            server.dpo.session_ttl,
+            tls.is_some(),
+        )),
     };
     tokio::spawn(watch::watch(
         state.clone(),

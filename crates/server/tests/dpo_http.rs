@@ -27,6 +27,7 @@ const HOOK_SECRET: &[u8] = b"webhook-secret-for-tests-0001";
 
 struct Env {
     dir: tempfile::TempDir,
+    journal: String,
     addr: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
@@ -72,8 +73,22 @@ impl Env {
         Self {
             addr: s.addr,
             dir,
+            journal,
             stop: Some(s.stop),
             thread: Some(s.thread),
+        }
+    }
+
+    /// Runs one statement on the control store, as someone with access to its database would.
+    fn edit(&self, sql: &str) {
+        if let Some(path) = self.journal.strip_prefix("sqlite:") {
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap();
+        } else {
+            let mut c = postgres::Client::connect(&self.journal, postgres::NoTls).unwrap();
+            c.batch_execute(sql).unwrap();
         }
     }
 
@@ -275,6 +290,23 @@ fn requests_are_approved_by_a_second_token(postgres: bool) {
         None,
     );
     assert_eq!((status, code.as_str()), (403, "same_person"), "{message}");
+    // The requests table edited to name another requester: the approval checks the row against
+    // the chain's entry of its receipt and refuses; nothing starts.
+    env.edit(&format!(
+        "UPDATE requests SET requested_by = 'rita' WHERE request_id = '{own_id}'"
+    ));
+    let (status, code, message) = refused(
+        &admin,
+        "POST",
+        &format!("/v1/requests/{own_id}/approve"),
+        None,
+    );
+    assert_eq!((status, code.as_str()), (500, "corrupt"), "{message}");
+    assert!(message.contains("was edited"), "{message}");
+    assert_eq!(op.jobs().unwrap(), json!([]));
+    env.edit(&format!(
+        "UPDATE requests SET requested_by = 'ada' WHERE request_id = '{own_id}'"
+    ));
     // A rejection needs its reason; with it, the request is closed.
     let reject = format!("/v1/requests/{own_id}/reject");
     assert_eq!(refused(&appr, "POST", &reject, Some(&json!({}))).0, 400);
