@@ -127,7 +127,7 @@ async fn admit(
         || path == "/console"
         || path.starts_with("/console/");
     if !open {
-        if let Err(e) = role(&state.tokens, req.headers()) {
+        if let Err(e) = bearer(&state.tokens, req.headers()) {
             return e.into_response();
         }
         let declared = req
@@ -151,7 +151,10 @@ fn too_large() -> ApiError {
 }
 
 /// The token a request carries, if it carries a valid one.
-pub(crate) fn role(tokens: &[crate::Token], headers: &HeaderMap) -> Result<crate::Token, ApiError> {
+pub(crate) fn bearer(
+    tokens: &[crate::Token],
+    headers: &HeaderMap,
+) -> Result<crate::Token, ApiError> {
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -241,7 +244,7 @@ pub(crate) fn authorize(
     headers: &HeaderMap,
     need: Need,
 ) -> Result<crate::Token, ApiError> {
-    let token = role(&state.tokens, headers)?;
+    let token = bearer(&state.tokens, headers)?;
     if !need.allows(token.role) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,

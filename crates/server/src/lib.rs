@@ -244,7 +244,7 @@ pub async fn run(
     conn::serve(
         listener,
         api::router(state),
-        Arc::new(move |headers: &axum::http::HeaderMap| api::role(&tokens, headers).is_ok()),
+        Arc::new(move |headers: &axum::http::HeaderMap| api::bearer(&tokens, headers).is_ok()),
         idle_timeout,
         tls,
         SHUTDOWN_GRACE,

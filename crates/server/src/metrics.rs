@@ -49,8 +49,9 @@ pub(crate) struct AlertLabel {
 }
 
 /// The gate's refusals counted as `lethe_gate_refusals_total{reason}`: a runtime turned away
-/// because an erasure moved on (its codes in `error.rs`).
-const GATE_REFUSALS: [&str; 5] = ["stale_epoch", "fenced", "revoked", "tombstoned", "expired"];
+/// because an erasure moved on (its codes in `error.rs`). A lease past its TTL (`expired`) is
+/// not one of them.
+const GATE_REFUSALS: [&str; 4] = ["stale_epoch", "fenced", "revoked", "tombstoned"];
 
 /// What the control store looked like at the last refresh, for the watcher's alerts.
 pub(crate) struct Snapshot {
