@@ -506,13 +506,14 @@ fn metrics_move_as_a_scripted_run_says() {
 /// One request a webhook received: its headers (names in lower case) and body.
 type Received = (Vec<(String, String)>, Vec<u8>);
 
-/// A webhook receiver on a port of its own: every request's headers and body, sent on.
-fn receiver() -> (String, mpsc::Receiver<Received>) {
+/// A webhook receiver on a port of its own: every request's headers and body, sent on. The
+/// first `failures` requests are answered 503, the others 204.
+fn receiver(failures: usize) -> (String, mpsc::Receiver<Received>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        for conn in listener.incoming() {
+        for (n, conn) in listener.incoming().enumerate() {
             let mut conn = conn.unwrap();
             let mut r = BufReader::new(conn.try_clone().unwrap());
             let mut headers = Vec::new();
@@ -534,8 +535,12 @@ fn receiver() -> (String, mpsc::Receiver<Received>) {
                 .map_or(0, |(_, v)| v.parse().unwrap());
             let mut body = vec![0; len];
             r.read_exact(&mut body).unwrap();
-            conn.write_all(b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n")
-                .unwrap();
+            let answer: &[u8] = if n < failures {
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n"
+            };
+            conn.write_all(answer).unwrap();
             if tx.send((headers, body)).is_err() {
                 return;
             }
@@ -547,7 +552,7 @@ fn receiver() -> (String, mpsc::Receiver<Received>) {
 #[test]
 fn a_job_due_in_four_days_raises_one_signed_alert() {
     use hmac::{Hmac, Mac};
-    let (url, alerts) = receiver();
+    let (url, alerts) = receiver(0);
     let env = Env::new(
         false,
         Dpo {
@@ -621,4 +626,87 @@ fn a_job_due_in_four_days_raises_one_signed_alert() {
         ),
         1.0
     );
+}
+
+/// A receiver that fails twice gets the same alert three times (the third delivered), each
+/// signed, the waits between them growing; the alert is raised once.
+#[test]
+fn a_failed_delivery_is_retried_with_backoff_and_raised_once() {
+    let (url, alerts) = receiver(2);
+    let env = Env::new(
+        false,
+        Dpo {
+            webhooks: vec![Webhook {
+                url,
+                secret: HOOK_SECRET.to_vec(),
+            }],
+            watch_every: Duration::from_millis(50),
+            alert_backoff: Duration::from_millis(200),
+            ..Dpo::default()
+        },
+    );
+    let (rt, op) = (
+        Client::new(&env.addr, RUNTIME),
+        Client::new(&env.addr, OPERATOR),
+    );
+    // A BLOCKED job: a permit held across the freeze, no time to drain.
+    let lease = rt.take_lease("acme", "bob", &[], 60_000).unwrap();
+    let permit = rt.take_permit(lease.lease_id, Sink::State).unwrap();
+    let job = op
+        .create_job(
+            &json!({"tenant": "acme", "subject": "bob", "basis": "gdpr-art17",
+            "ticket": "T-5", "drain_timeout_s": 0}),
+        )
+        .unwrap()["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    env.wait_job(&job, |v| v["state"] == "BLOCKED");
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let (headers, body) = alerts.recv_timeout(Duration::from_secs(30)).unwrap();
+        got.push((Instant::now(), headers, body));
+    }
+    let ids: Vec<Value> = got
+        .iter()
+        .map(|(_, _, b)| serde_json::from_slice::<Value>(b).unwrap())
+        .collect();
+    assert!(ids.iter().all(|v| v == &ids[0]), "{ids:?}");
+    assert_eq!(
+        (&ids[0]["alert"], &ids[0]["reason"]),
+        (&json!("blocked"), &json!("undrained"))
+    );
+    assert_eq!(ids[0]["job_id"], json!(job));
+    // The waits double: at least 200 ms, then 400 ms.
+    assert!(got[1].0 - got[0].0 >= Duration::from_millis(200));
+    assert!(got[2].0 - got[1].0 >= Duration::from_millis(400));
+    for (_, headers, body) in &got {
+        let h = |n: &str| headers.iter().find(|(k, _)| k == n).unwrap().1.clone();
+        use hmac::{Hmac, Mac};
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(HOOK_SECRET).unwrap();
+        mac.update(h("x-lethe-timestamp").as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        assert_eq!(
+            h("x-lethe-signature"),
+            format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+        );
+        assert!(!String::from_utf8_lossy(body).contains("bob"));
+    }
+    // Delivered: nothing more comes while the watcher runs on.
+    let runs = |t: &str| sample(t, "lethe_watch_runs_total", None);
+    let start = runs(&env.metrics());
+    while runs(&env.metrics()) < start + 10.0 {
+        std::thread::yield_now();
+    }
+    assert!(alerts.try_recv().is_err(), "sent again");
+    assert_eq!(
+        sample(
+            &env.metrics(),
+            "lethe_alerts_total",
+            Some(("alert", "blocked"))
+        ),
+        1.0
+    );
+    rt.release_permit(permit).unwrap();
 }
