@@ -206,21 +206,9 @@ pub(crate) async fn serve(
         let admission_t = Arc::clone(&admission);
         let tls = tls.clone();
         open.spawn(async move {
-            // The handshake in this task, bounded as a request's headers are.
-            let stream = match tls {
-                None => Stream::Plain(tcp),
-                Some(acceptor) => match tokio::time::timeout(idle, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => Stream::Tls(Box::new(s)),
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "TLS handshake failed.");
-                        admission_t.forget(id);
-                        return;
-                    }
-                    Err(_) => {
-                        admission_t.forget(id);
-                        return;
-                    }
-                },
+            let Some(stream) = handshake(tls, tcp, idle).await else {
+                admission_t.forget(id);
+                return;
             };
             let io = TokioIo::new(Guarded {
                 stream,
@@ -254,6 +242,27 @@ pub(crate) async fn serve(
             "Connections still open after the stop signal; closing them."
         );
         open.shutdown().await;
+    }
+}
+
+/// The connection's stream: TLS once its handshake is done (in the connection's own task,
+/// bounded by the idle timeout as a request's headers are), else plain. `None`: the handshake
+/// failed or took too long.
+async fn handshake(
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    tcp: TcpStream,
+    idle: Duration,
+) -> Option<Stream> {
+    let Some(acceptor) = tls else {
+        return Some(Stream::Plain(tcp));
+    };
+    match tokio::time::timeout(idle, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => Some(Stream::Tls(Box::new(s))),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed.");
+            None
+        }
+        Err(_) => None,
     }
 }
 
