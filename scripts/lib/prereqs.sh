@@ -13,6 +13,8 @@ redis-server redis-server
 redis-cli redis-tools
 openssl openssl
 flock util-linux
+chromium chromium
+chromedriver chromium-driver
 "
 
 # Missing packages, one a line, deduplicated; python3.11 with venv and ensurepip is checked

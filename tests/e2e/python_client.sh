@@ -15,4 +15,4 @@ PY=$(scripts/pg python)
 cd clients/python
 PYTHONPATH=. PYTHONDONTWRITEBYTECODE=1 "$PY" -m unittest -v \
     tests.test_sse tests.test_keepalive tests.test_gate tests.test_langgraph tests.test_postgres_store tests.test_sink_fence \
-    tests.test_rerun_after_erasure tests.test_cache tests.test_crypto tests.test_lineage
+    tests.test_rerun_after_erasure tests.test_cache tests.test_crypto tests.test_lineage tests.test_tls

@@ -21,6 +21,7 @@ import logging
 import secrets
 import select
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -55,8 +56,11 @@ _IDLE_S = 20.0
 class GateClient:
     """A client of one ``lethe serve``. Thread-safe; share one per process.
 
-    ``base_url`` is ``http://host:port`` (``https`` works too). ``token`` is a bearer token from
-    the server's config: role ``runtime`` for the gate, ``operator`` to also start jobs.
+    ``base_url`` is ``http://host:port`` or ``https://host:port`` (``lethe serve`` with
+    ``[serve] tls``, or a TLS proxy): the server's certificate is always verified, against the
+    system's roots, or against ``ca_file`` alone (a PEM file of the deployment's own CA).
+    ``token`` is a bearer token from the server's config: role ``runtime`` for the gate,
+    ``operator`` to also start jobs.
     ``watch=False`` opens no revocation stream: leases then learn of revocations only from
     refused permits and :meth:`Lease.refresh`.
     """
@@ -70,11 +74,14 @@ class GateClient:
         watch: bool = True,
         reconnect_max_s: float = 5.0,
         stream_idle_s: float = 45.0,
+        ca_file: str | None = None,
     ) -> None:
         u = urllib.parse.urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError("base_url must be http://host:port or https://host:port")
         self._https = u.scheme == "https"
+        # Verifies the certificate and the host name; with ca_file, that CA only.
+        self._tls = ssl.create_default_context(cafile=ca_file) if self._https else None
         self._host = u.hostname
         self._port = u.port or (443 if self._https else 80)
         self._prefix = u.path.rstrip("/")
@@ -301,8 +308,9 @@ class GateClient:
 
     # ------------------------------------------------------------------ HTTP
     def _new_conn(self, timeout: float) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=timeout)
+        if self._tls is not None:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._tls)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _headers(self, accept: str = "application/json") -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}", "Accept": accept}

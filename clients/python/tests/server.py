@@ -38,7 +38,7 @@ def lethe_bin() -> str:
 class Server:
     """A `lethe serve` process with a runtime and an operator token."""
 
-    def __init__(self, extra_toml: str | None = None) -> None:
+    def __init__(self, extra_toml: str | None = None, serve_toml: str = "") -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="lethe-pyclient-")
         d = Path(self.dir.name)
         self.runtime_token = "rt-" + secrets.token_hex(16)
@@ -59,6 +59,7 @@ policy_version = "pyclient-test"
 
 [serve]
 listen = "127.0.0.1:0"
+{serve_toml}
 
 [[serve.token]]
 role = "runtime"
@@ -86,7 +87,7 @@ token_file = "operator.token"
         """Stops the process (SIGTERM: graceful) and starts it again on the same address and
         journal."""
         self._terminate()
-        self._start(self.url.removeprefix("http://"))
+        self._start(self.url.split("://", 1)[1])
 
     def _read_address(self, timeout: float) -> str:
         found: list[str] = []
@@ -96,7 +97,8 @@ token_file = "operator.token"
             for line in self.proc.stdout:  # type: ignore[union-attr]
                 m = ADDR.search(line)
                 if m and not found:
-                    found.append("http://" + m.group(1).decode())
+                    scheme = "https" if b"https://" in line else "http"
+                    found.append(f"{scheme}://" + m.group(1).decode())
                     done.set()
             done.set()
 

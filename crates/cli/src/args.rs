@@ -216,6 +216,40 @@ Examples:
         #[command(subcommand)]
         command: CertificateCommand,
     },
+    /// Erasure requests that another person approves: a requester records one with the day
+    /// the person asked (the deadline counts from it); `lethe approve` starts its job.
+    #[command(after_help = "Examples:
+  export LETHE_TOKEN_FILE=~/.lethe/requester.token       # who you are: your token
+  lethe request create --scope-file dsr-1.json --basis ccpa --ticket DSR-1 --received-at 2026-12-01
+  lethe request list
+  lethe request reject req-0123456789ab --reason duplicate
+  lethe request intake pause                                # new requests refused; jobs go on
+
+Who you are is the token in --token-file (or LETHE_TOKEN_FILE): one of [[serve.token]], whose
+role must allow the command and whose name the journal records. The server's rules hold: the
+token that made a request never approves it, and one without --identity-verified is not
+approved.")]
+    Request {
+        #[command(subcommand)]
+        command: RequestCommand,
+    },
+    /// Approve a pending request (never one your token made) and run its job to the end, as
+    /// `erase` does; exit codes as `erase`'s.
+    #[command(after_help = "Examples:
+  lethe approve req-0123456789ab --token-file approver.token")]
+    Approve {
+        /// The request id (`req-` and 12 hex digits, as `lethe request list` shows it).
+        request_id: String,
+        /// The file holding your token (an `approver` or `admin` of [[serve.token]]).
+        #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Seconds to wait for undrained permits.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+        drain_timeout: u64,
+        /// Print JSON, as `erase --json`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Legal holds: a held tenant or subject cannot be erased until the hold is released.
     #[command(after_help = "Examples:
   lethe hold add --tenant acme --subject u-42 --reason MATTER-7
@@ -527,6 +561,70 @@ pub enum HoldCommand {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// `lethe request ...`
+#[derive(Subcommand, Debug)]
+pub enum RequestCommand {
+    /// Record a request (PENDING): nothing is erased until another token approves it.
+    Create {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Legal basis.
+        #[arg(long, value_parser = ["gdpr-art17", "ccpa", "account-closure", "tenant-offboarding"])]
+        basis: String,
+        /// The privacy ticket (e.g. DSR-1234; at most 256 bytes).
+        #[arg(long)]
+        ticket: String,
+        /// When the person's request was received: RFC 3339 (2026-12-01T09:30:00Z) or a day
+        /// (2026-12-01); not in the future. The deadline counts from it: GDPR one month, CCPA
+        /// 45 days.
+        #[arg(long)]
+        received_at: String,
+        /// The person's identity was verified (a request without it cannot be approved).
+        #[arg(long)]
+        identity_verified: bool,
+        /// An extended deadline, YYYY-MM-DD (GDPR up to two more months, CCPA 45 more days),
+        /// with --extension-reason.
+        #[arg(long, requires = "extension_reason")]
+        deadline: Option<String>,
+        /// Why the deadline is extended.
+        #[arg(long)]
+        extension_reason: Option<String>,
+        /// The file holding your token (a `requester` or `admin` of [[serve.token]]).
+        #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Print JSON: {"request_id", "deadline", "state"}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List requests, newest first: state, deadline, days left, who asked and decided. Never
+    /// an identifier.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reject a pending request, with a reason.
+    Reject {
+        /// The request id.
+        request_id: String,
+        /// Why (journaled; no personal data).
+        #[arg(long)]
+        reason: String,
+        /// The file holding your token (an `approver` or `admin`).
+        #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
+    /// Pause or resume the intake of new requests (jobs in flight go on).
+    Intake {
+        /// `pause` or `resume`.
+        #[arg(value_parser = ["pause", "resume"])]
+        switch: String,
+        /// The file holding your token (an `admin`).
+        #[arg(long, env = "LETHE_TOKEN_FILE", value_name = "FILE")]
+        token_file: Option<PathBuf>,
     },
 }
 

@@ -37,7 +37,8 @@ fn code(e: &EngineError) -> i32 {
         | EngineError::Key(_)
         | EngineError::Journal(JournalError::BadUrl(_))
         | EngineError::Journal(JournalError::UnsupportedUrl(_))
-        | EngineError::Journal(JournalError::NoSuchJob(_)) => 2,
+        | EngineError::Journal(JournalError::NoSuchJob(_))
+        | EngineError::Request(_) => 2,
         EngineError::Held { .. } => 4,
         EngineError::Claimed(_)
         | EngineError::Journal(JournalError::GateAuthority)

@@ -10,6 +10,7 @@ mod exit;
 mod open;
 mod progress;
 mod scope_input;
+mod secret;
 
 use std::io::IsTerminal;
 

@@ -4245,3 +4245,164 @@ fn a_sql_target_erases_declared_rows_and_refuses_a_statement_that_writes() {
     let (c, v) = env.json(&["verify", "--tenant", "acme", "--subject", "alice", "--json"]);
     assert_eq!((c, &v["clean"]), (0, &Value::Bool(true)), "{v}");
 }
+
+/// `lethe request` and `lethe approve` keep the server's rules: the user is the token in
+/// `--token-file`; its role must allow the command, and the token that made a request never
+/// approves it. Bad requests (a receipt in the future, an extension without its reason) store
+/// nothing; an approved request's job runs to COMPLETE with the request's deadline, and every
+/// other subject keeps its rows.
+#[test]
+fn a_request_is_approved_only_by_another_token_and_then_erased() {
+    let config = format!(
+        "{}\n[serve]\n\
+         [[serve.token]]\nrole = \"requester\"\nname = \"rita\"\ntoken_file = \"rita.token\"\n\
+         [[serve.token]]\nrole = \"approver\"\nname = \"alex\"\ntoken_file = \"alex.token\"\n\
+         [[serve.token]]\nrole = \"admin\"\nname = \"ada\"\ntoken_file = \"ada.token\"\n",
+        CONFIG.replace("BATCH", "500")
+    );
+    let env = Env::with_config(&config);
+    for (name, secret) in [
+        ("rita", "rita-token-for-the-cli-test-01"),
+        ("alex", "alex-token-for-the-cli-test-01"),
+        ("ada", "ada-token-for-the-cli-test-0001"),
+    ] {
+        let p = env.path().join(format!("{name}.token"));
+        std::fs::write(&p, secret).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let token = |name: &str| {
+        env.path()
+            .join(format!("{name}.token"))
+            .display()
+            .to_string()
+    };
+    let others = env.others_rows();
+    let now = time::OffsetDateTime::now_utc();
+    let at = |t: time::OffsetDateTime| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let received = at(now - time::Duration::days(5));
+    let create = |received: &str, who: &str, extra: &[&str]| {
+        let mut args = vec![
+            "request",
+            "create",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--basis",
+            "ccpa",
+            "--ticket",
+            "DSR-9",
+            "--received-at",
+            received,
+            "--identity-verified",
+            "--token-file",
+        ];
+        let file = token(who);
+        args.push(&file);
+        args.extend_from_slice(extra);
+        args.push("--json");
+        env.run(&args)
+    };
+    // Refused, nothing stored: a receipt in the future, an extension without its reason, a
+    // token whose role may not ask.
+    refused(
+        &create(&at(now + time::Duration::days(1)), "rita", &[]),
+        "in the future",
+    );
+    let late = ((now - time::Duration::days(5)).date() + time::Duration::days(60)).to_string();
+    let o = env.run(&[
+        "request",
+        "create",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--basis",
+        "ccpa",
+        "--ticket",
+        "DSR-9",
+        "--received-at",
+        &received,
+        "--deadline",
+        &late,
+        "--token-file",
+        &token("rita"),
+    ]);
+    refused(&o, "--extension-reason");
+    refused(
+        &create(&received, "alex", &[]),
+        "this needs requester or admin",
+    );
+    let (_, listed) = env.json(&["request", "list", "--json"]);
+    assert_eq!(listed, serde_json::json!([]));
+
+    // Made by the admin, approved by the admin: refused, whatever the role.
+    let (c, own) = {
+        let o = create(&received, "ada", &[]);
+        (
+            code(&o),
+            serde_json::from_slice::<Value>(&o.stdout).unwrap(),
+        )
+    };
+    assert_eq!(c, 0);
+    let own = own["request_id"].as_str().unwrap().to_string();
+    refused(
+        &env.run(&["approve", &own, "--token-file", &token("ada")]),
+        "a second person",
+    );
+    refused(
+        &env.run(&["approve", &own, "--token-file", &token("rita")]),
+        "this needs approver or admin",
+    );
+    let o = env.run(&[
+        "request",
+        "reject",
+        &own,
+        "--reason",
+        "duplicate",
+        "--token-file",
+        &token("alex"),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    // Made by rita, approved by alex: the job runs; its deadline counts from receipt.
+    let o = create(&received, "rita", &[]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let made: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let due = ((now - time::Duration::days(5)).date() + time::Duration::days(45)).to_string();
+    assert_eq!(made["deadline"], serde_json::json!(due));
+    let id = made["request_id"].as_str().unwrap();
+    let (c, out) = env.json(&["approve", id, "--token-file", &token("alex"), "--json"]);
+    assert_eq!((c, &out["state"]), (0, &Value::from("COMPLETE")), "{out}");
+    assert_eq!(
+        out["certificate"]["deadline"].as_str().map(|d| &d[..10]),
+        Some(due.as_str())
+    );
+    assert_eq!(env.others_rows(), others, "others untouched");
+    let (_, listed) = env.json(&["request", "list", "--json"]);
+    assert!(!listed.to_string().contains("alice"), "{listed}");
+    let mine = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["request_id"] == id)
+        .unwrap();
+    assert_eq!(
+        (&mine["state"], &mine["requested_by"], &mine["decided_by"]),
+        (
+            &Value::from("APPROVED"),
+            &Value::from("rita"),
+            &Value::from("alex")
+        )
+    );
+    // Approving again is refused: decided once.
+    refused(
+        &env.run(&["approve", id, "--token-file", &token("alex")]),
+        "already",
+    );
+    assert_eq!(code(&env.run(&["journal", "verify"])), 0);
+}

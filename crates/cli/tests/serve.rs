@@ -194,12 +194,26 @@ fn bad_serve_config_refuses_to_start_with_a_clear_message() {
             "has no token",
         ),
         (
-            CONFIG.replace("role = \"operator\"", "role = \"admin\""),
-            "role 'admin' is unknown",
+            CONFIG.replace("role = \"operator\"", "role = \"superuser\""),
+            "role 'superuser' is unknown",
         ),
         (
             CONFIG.replace("pool = 4", "pool = 4\nthreads = 2"),
             "unknown field",
+        ),
+        (
+            CONFIG.replace(
+                "pool = 4",
+                "pool = 4\ntls = { cert_file = \"no-such.crt\", key_file = \"no-such.key\" }",
+            ),
+            "serve.tls cert_file",
+        ),
+        (
+            CONFIG.replace(
+                "role = \"operator\"",
+                "role = \"operator\"\nname = \"runtime-1\"",
+            ),
+            "is given twice",
         ),
         (
             CONFIG.replace("operator.token", "missing.token"),

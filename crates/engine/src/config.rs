@@ -119,8 +119,12 @@ struct RawServe {
     listen: Option<String>,
     pool: Option<usize>,
     allow_plain_http: Option<bool>,
+    require_approval: Option<bool>,
+    tls: Option<Object<RawTls>>,
     #[serde(default)]
     token: Vec<Object<RawToken>>,
+    #[serde(default)]
+    alert: Vec<Object<RawAlert>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -128,6 +132,40 @@ struct RawServe {
 struct RawToken {
     role: String,
     token_file: PathBuf,
+    name: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert_file: PathBuf,
+    key_file: PathBuf,
+}
+
+/// `[serve] tls`: the PEM files `lethe serve` speaks HTTPS with.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's certificate first.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlert {
+    url: String,
+    secret_file: PathBuf,
+}
+
+/// A webhook that `lethe serve` sends alerts to (`[[serve.alert]]`).
+#[derive(Debug, Clone)]
+pub struct AlertSpec {
+    /// Where to POST (`http://` or `https://`).
+    pub url: String,
+    /// The file holding the HMAC-SHA256 key the body is signed with (one line); read when the
+    /// server starts.
+    pub secret_file: PathBuf,
 }
 
 /// What a bearer token may do at `lethe serve`.
@@ -137,6 +175,35 @@ pub enum Role {
     Runtime,
     /// An operator: the gate and jobs.
     Operator,
+    /// Makes erasure requests (`POST /v1/requests`) and follows them.
+    Requester,
+    /// Approves or rejects requests (never its own), places and releases legal holds, reads
+    /// and resumes jobs.
+    Approver,
+    /// Everything, and the intake switch.
+    Admin,
+}
+
+impl Role {
+    /// The name `[[serve.token]] role` uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Runtime => "runtime",
+            Role::Operator => "operator",
+            Role::Requester => "requester",
+            Role::Approver => "approver",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Every role, in the order messages list them.
+    pub const ALL: [Role; 5] = [
+        Role::Runtime,
+        Role::Operator,
+        Role::Requester,
+        Role::Approver,
+        Role::Admin,
+    ];
 }
 
 /// One bearer token of `[serve]`: its role and the file holding it.
@@ -144,6 +211,9 @@ pub enum Role {
 pub struct TokenSpec {
     /// What the token may do.
     pub role: Role,
+    /// Who holds it, as the journal records who requested and who approved (unique among the
+    /// tokens; `<role>-<n>` when not given, n its place among the tokens, from 1).
+    pub name: String,
     /// The file holding the token (one line); read when the server starts.
     pub token_file: PathBuf,
 }
@@ -160,6 +230,12 @@ pub struct Serve {
     /// Whether `lethe serve` may listen on an address other than loopback over plain HTTP,
     /// where its bearer tokens cross the network readable. Off by default.
     pub allow_plain_http: bool,
+    /// Whether every job must come from an approved request: `POST /v1/jobs` is refused (403).
+    pub require_approval: bool,
+    /// Webhooks alerts are sent to.
+    pub alerts: Vec<AlertSpec>,
+    /// HTTPS instead of plain HTTP.
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -199,6 +275,48 @@ pub struct Config {
     pub serve: Serve,
     /// `[keys]`: crypto-shredding, when configured.
     pub keys: Option<Keys>,
+}
+
+/// `[[serve.token]]` tables: roles known, names well-formed and unique.
+fn tokens(
+    raw: Vec<Object<RawToken>>,
+    resolve: &dyn Fn(PathBuf) -> PathBuf,
+) -> Result<Vec<TokenSpec>, String> {
+    let mut out: Vec<TokenSpec> = Vec::new();
+    for (i, Object(t)) in raw.into_iter().enumerate() {
+        let role = Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == t.role)
+            .ok_or_else(|| {
+                format!(
+                    "serve.token role '{}' is unknown; use one of {}",
+                    t.role,
+                    Role::ALL.map(Role::as_str).join(", ")
+                )
+            })?;
+        let name = t
+            .name
+            .unwrap_or_else(|| format!("{}-{}", role.as_str(), i + 1));
+        if !crate::requests::is_token_name(&name) {
+            return Err(format!(
+                "serve.token name must be 1 to {} letters, digits, '.', '_', '-' or '@' \
+                 (it goes in the journal as who requested or approved)",
+                crate::requests::MAX_NAME
+            ));
+        }
+        if out.iter().any(|o| o.name == name) {
+            return Err(format!(
+                "serve.token name '{name}' is given twice: each token names one holder, so \
+                 that the one who approves is never the one who asked"
+            ));
+        }
+        out.push(TokenSpec {
+            role,
+            name,
+            token_file: resolve(t.token_file),
+        });
+    }
+    Ok(out)
 }
 
 /// A TOML error as "line L, column C: what", without the line's text (toml's own message
@@ -494,33 +612,42 @@ impl Config {
                 pool: 8,
                 tokens: Vec::new(),
                 allow_plain_http: false,
+                require_approval: false,
+                alerts: Vec::new(),
+                tls: None,
             },
             Some(s) => {
                 let pool = s.pool.unwrap_or(8);
                 if pool == 0 || pool > 256 {
                     return Err(invalid("serve.pool must be between 1 and 256".into()));
                 }
-                let mut tokens = Vec::new();
-                for Object(t) in s.token {
-                    let role = match t.role.as_str() {
-                        "runtime" => Role::Runtime,
-                        "operator" => Role::Operator,
-                        other => {
-                            return Err(invalid(format!(
-                                "serve.token role '{other}' is unknown; use runtime or operator"
-                            )))
+                let tokens = tokens(s.token, &resolve).map_err(invalid)?;
+                let alerts = s
+                    .alert
+                    .into_iter()
+                    .map(|Object(a)| {
+                        if !(a.url.starts_with("http://") || a.url.starts_with("https://")) {
+                            return Err(invalid(
+                                "serve.alert url must start with http:// or https://".into(),
+                            ));
                         }
-                    };
-                    tokens.push(TokenSpec {
-                        role,
-                        token_file: resolve(t.token_file),
-                    });
-                }
+                        Ok(AlertSpec {
+                            url: a.url,
+                            secret_file: resolve(a.secret_file),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
                 Serve {
                     listen: s.listen.unwrap_or_else(|| "127.0.0.1:7400".into()),
                     pool,
                     tokens,
                     allow_plain_http: s.allow_plain_http.unwrap_or(false),
+                    require_approval: s.require_approval.unwrap_or(false),
+                    alerts,
+                    tls: s.tls.map(|Object(t)| TlsFiles {
+                        cert_file: resolve(t.cert_file),
+                        key_file: resolve(t.key_file),
+                    }),
                 }
             }
         };

@@ -13,6 +13,7 @@ pub mod config;
 pub mod keyfile;
 pub mod keys;
 mod recovery;
+pub mod requests;
 mod run;
 
 use std::path::PathBuf;
@@ -73,6 +74,9 @@ pub enum EngineError {
         /// Why (in the message, not a chained source: shown once).
         cause: std::io::Error,
     },
+    /// A request's decision or intake was refused (`requests`).
+    #[error(transparent)]
+    Request(#[from] requests::RequestError),
     /// The operating system refused something else (a thread for a job, say).
     #[error("{0}")]
     Io(std::io::Error),
@@ -670,6 +674,16 @@ impl Engine {
     /// the scope; runs nothing. Returns the job id and whether it was created. Bad input fails
     /// before anything is journaled or touched. [`Engine::resume`] then runs it.
     pub fn request(&self, req: Request) -> Result<(String, bool), EngineError> {
+        self.request_received(req, self.clock.now())
+    }
+
+    /// [`Engine::request`] for a request received at `received` (an approved request's): its
+    /// deadline and the job's `requested_at` count from then, not from now.
+    pub fn request_received(
+        &self,
+        req: Request,
+        received: time::OffsetDateTime,
+    ) -> Result<(String, bool), EngineError> {
         self.check_scope(&req.scope)?;
         self.probe_all()?;
         if !one_line(&req.ticket) {
@@ -749,7 +763,7 @@ impl Engine {
             Scope::Memory { version: None, .. } => at_request.map(|v| v.as_str().to_string()),
             _ => None,
         };
-        let now = self.clock.now();
+        let now = received;
         let deadline = req
             .basis
             .deadline(now.date(), req.deadline, req.extension_reason.is_some())

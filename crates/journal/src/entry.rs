@@ -191,6 +191,64 @@ pub enum Entry {
         /// Ed25519 signature (hex) over `chain::seal_message(from, to, hashes)`.
         signature: String,
     },
+    /// An erasure request was received, waiting for an approver.
+    RequestReceived {
+        /// Its id.
+        request_id: String,
+        /// Keyed hash of the scope asked for.
+        scope_hash: String,
+        /// Legal basis.
+        basis: lethe_core::Basis,
+        /// The privacy ticket.
+        ticket: String,
+        /// When the person's request was received (RFC 3339): the deadline counts from it.
+        received_at: String,
+        /// Deadline, `YYYY-MM-DD`.
+        deadline: String,
+        /// Whether the requester verified the person's identity.
+        identity_verified: bool,
+        /// The name of the token that asked (`[[serve.token]] name`), never a subject's.
+        requested_by: String,
+    },
+    /// An approver approved a request; its job is `job_id`.
+    RequestApproved {
+        /// The request.
+        request_id: String,
+        /// The job it started (or continued, when one was open for the scope).
+        job_id: String,
+        /// The approving token's name.
+        approved_by: String,
+    },
+    /// An approver rejected a request.
+    RequestRejected {
+        /// The request.
+        request_id: String,
+        /// The rejecting token's name.
+        rejected_by: String,
+        /// Why, as the approver wrote it.
+        reason: String,
+    },
+    /// New requests are refused until the intake resumes; jobs in flight go on.
+    IntakePaused {
+        /// The token's name.
+        by: String,
+    },
+    /// New requests are taken again.
+    IntakeResumed {
+        /// The token's name.
+        by: String,
+    },
+    /// `lethe serve` raised an alert (journaled before it is sent, so it is raised once per
+    /// condition across restarts).
+    AlertRaised {
+        /// Its kind: `deadline`, `blocked`, `residue`, `anomaly`.
+        alert: String,
+        /// The job it is about.
+        job_id: String,
+        /// The condition, as compared to raise it again when it changes (`due_soon`,
+        /// `overdue`; a block's reason, target and time). Never an identifier.
+        condition: String,
+    },
 }
 
 impl Entry {

@@ -29,7 +29,9 @@ pub mod holds;
 pub mod jobs;
 pub mod keys;
 pub mod lineage;
+pub mod observe;
 pub mod recovery;
+pub mod requests;
 mod schema;
 
 use std::collections::HashMap;

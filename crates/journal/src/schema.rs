@@ -15,6 +15,9 @@ use crate::db::{Tx, V};
 /// 6: `lineage`, the edges runtimes record from a derived artifact to the memories it came from;
 /// a version-5 process would erase without following them, so it must not open a version-6
 /// store.
+/// 7: `requests`, erasure requests waiting for an approver (and their decisions), and the
+/// intake switch in `lethe_meta`; a version-6 process would run jobs past a paused intake and
+/// could not read the journal's request entries, so it must not open a version-7 store.
 /// 9: `final_certificates`, a job's certificate reissued once its backups expired, and the
 /// `backups_expired` entry after `completed`, which an older `journal verify` reports as
 /// tampering; `recoveries`, replays of completed erasures into restored targets, whose fences
@@ -201,6 +204,29 @@ CREATE TABLE IF NOT EXISTS lineage_links (
     from_locator TEXT NOT NULL,
     PRIMARY KEY (tenant, from_target, from_locator, target, locator)
 ){WITHOUT_ROWID};
+-- Erasure requests (`POST /v1/requests`, `lethe request create`): the scope's identifiers
+-- stay here, as a job's do in `jobs`; the chain holds the request's id, scope hash and the
+-- names of who asked and who decided, never an identifier. state: PENDING, APPROVED, REJECTED.
+-- received_seq: the chain's entry of its receipt, which an approval checks the row against.
+CREATE TABLE IF NOT EXISTS requests (
+    request_id        TEXT PRIMARY KEY,
+    scope             TEXT NOT NULL,
+    scope_hash        TEXT NOT NULL,
+    basis             TEXT NOT NULL,
+    ticket            TEXT NOT NULL,
+    received_at       TEXT NOT NULL,
+    deadline          TEXT NOT NULL,
+    extension_reason  TEXT,
+    identity_verified {INT} NOT NULL,
+    requested_by      TEXT NOT NULL,
+    created_at        TEXT NOT NULL,
+    state             TEXT NOT NULL,
+    decided_by        TEXT,
+    decided_at        TEXT,
+    reject_reason     TEXT,
+    job_id            TEXT,
+    received_seq      {INT} NOT NULL
+);
 -- The permits a job's freeze found active: the job cannot leave FROZEN until each is released
 -- or confirmed cancelled.
 CREATE TABLE IF NOT EXISTS drain (

@@ -34,7 +34,7 @@ pub(crate) struct State {
     /// the server) lets the last reference go, the engine is dropped off the runtime's threads.
     pub(crate) engine: Arc<crate::pool::DropOffRuntime<Arc<Engine>>>,
     pub(crate) pool: Arc<Pool>,
-    pub(crate) tokens: Arc<Vec<(String, Role)>>,
+    pub(crate) tokens: Arc<Vec<crate::Token>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) hooks: crate::Hooks,
     pub(crate) pg: Option<Arc<lethe_gate::pg::PgGate>>,
@@ -43,6 +43,12 @@ pub(crate) struct State {
     /// Set while the server's hold on the gate authority is lost
     /// (`Journal::gate_authority_lost`): no lease, permit or renewal is granted meanwhile.
     pub(crate) authority_lost: Arc<std::sync::atomic::AtomicBool>,
+    /// `[serve] require_approval`: `POST /v1/jobs` refused, every job from a request.
+    pub(crate) require_approval: bool,
+    /// What `GET /metrics` reports.
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
+    /// The console's signed-in sessions.
+    pub(crate) sessions: Arc<crate::console::Sessions>,
 }
 
 /// Refuses a grant (503, retryable) while the server's hold on the gate authority is lost: an
@@ -80,6 +86,9 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/jobs", post(create_job).get(list_jobs))
         .route("/v1/jobs/{job_id}", get(job))
         .route("/v1/jobs/{job_id}/resume", post(resume_job))
+        .merge(crate::requests::routes())
+        .merge(crate::console::routes())
+        .route("/metrics", get(crate::metrics::scrape))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -94,6 +103,10 @@ pub(crate) fn router(state: State) -> Router {
                 "this route does not take that method; GET /v1/openapi.json lists them",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::metrics::count_refusals,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), admit))
         .with_state(state)
 }
@@ -109,9 +122,13 @@ async fn admit(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let open = matches!(req.uri().path(), "/healthz" | "/v1/openapi.json");
+    // The console signs its users in with a form and a session cookie, checked by its pages.
+    let path = req.uri().path();
+    let open = matches!(path, "/healthz" | "/v1/openapi.json")
+        || path == "/console"
+        || path.starts_with("/console/");
     if !open {
-        if let Err(e) = role(&state.tokens, req.headers()) {
+        if let Err(e) = bearer(&state.tokens, req.headers()) {
             return e.into_response();
         }
         let declared = req
@@ -134,8 +151,11 @@ fn too_large() -> ApiError {
     )
 }
 
-/// The role of the bearer token a request carries, if it carries a valid one.
-pub(crate) fn role(tokens: &[(String, Role)], headers: &HeaderMap) -> Result<Role, ApiError> {
+/// The token a request carries, if it carries a valid one.
+pub(crate) fn bearer(
+    tokens: &[crate::Token],
+    headers: &HeaderMap,
+) -> Result<crate::Token, ApiError> {
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -146,59 +166,117 @@ pub(crate) fn role(tokens: &[(String, Role)], headers: &HeaderMap) -> Result<Rol
                 .map(|_| &v[7..])
         })
         .unwrap_or("");
-    // Compared in full against every token, so timing says nothing about how much matched.
-    tokens
-        .iter()
-        .fold(None, |found, (t, r)| {
-            if constant_time_eq(t.as_bytes(), given.as_bytes()) {
-                Some(*r)
-            } else {
-                found
-            }
-        })
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "a bearer token from [serve] is required",
-            )
-        })
+    token(tokens, given).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a bearer token from [serve] is required",
+        )
+    })
 }
 
-/// Checks the bearer token; `operator` may do everything a `runtime` may.
-fn authorize(state: &State, headers: &HeaderMap, need: Role) -> Result<(), ApiError> {
-    let role = role(&state.tokens, headers)?;
-    if need == Role::Operator && role != Role::Operator {
+/// The token whose secret is `given`, compared in full against every token, so timing says
+/// nothing about how much matched.
+pub(crate) fn token(tokens: &[crate::Token], given: &str) -> Option<crate::Token> {
+    tokens.iter().fold(None, |found, t| {
+        if constant_time_eq(t.secret.as_bytes(), given.as_bytes()) {
+            Some(t.clone())
+        } else {
+            found
+        }
+    })
+}
+
+/// What a route needs a token to be allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Leases, permits, revocations, lineage: `runtime`, `operator`.
+    Gate,
+    /// `POST /v1/jobs`: `operator`.
+    RunJobs,
+    /// Reading jobs: `operator`, `requester`, `approver`.
+    ReadJobs,
+    /// Resuming a job: `operator`, `approver`.
+    ResumeJobs,
+    /// Making a request: `requester`.
+    Request,
+    /// Reading requests: `requester`, `approver`.
+    ReadRequests,
+    /// Approving, rejecting; legal holds: `approver`.
+    Decide,
+    /// The intake switch: `admin` only.
+    Intake,
+    /// `GET /metrics`: any token.
+    Metrics,
+}
+
+impl Need {
+    /// Whether `role` may. `admin` may everything.
+    pub(crate) fn allows(self, role: Role) -> bool {
+        use Role::*;
+        role == Admin
+            || match self {
+                Need::Gate => matches!(role, Runtime | Operator),
+                Need::RunJobs => role == Operator,
+                Need::ReadJobs => matches!(role, Operator | Requester | Approver),
+                Need::ResumeJobs => matches!(role, Operator | Approver),
+                Need::Request => role == Requester,
+                Need::ReadRequests => matches!(role, Requester | Approver),
+                Need::Decide => role == Approver,
+                Need::Intake => false,
+                Need::Metrics => true,
+            }
+    }
+
+    fn roles(self) -> String {
+        let mut names: Vec<&str> = Role::ALL
+            .into_iter()
+            .filter(|r| *r != Role::Admin && self.allows(*r))
+            .map(Role::as_str)
+            .collect();
+        names.push("admin");
+        names.join(" or ")
+    }
+}
+
+/// Checks the bearer token allows `need`; returns the token.
+pub(crate) fn authorize(
+    state: &State,
+    headers: &HeaderMap,
+    need: Need,
+) -> Result<crate::Token, ApiError> {
+    let token = bearer(&state.tokens, headers)?;
+    if !need.allows(token.role) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "this needs an operator token",
+            format!("this needs a token of role {}", need.roles()),
         ));
     }
-    Ok(())
+    Ok(token)
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() || a.is_empty() {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+pub(crate) fn path<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
     p.map(|Path(t)| t).map_err(|_| {
         ApiError::bad_request("the id in the path is not valid (a number; a job id for jobs)")
     })
 }
 
-fn body<T>(b: Result<Object<T>, ApiError>) -> Result<T, ApiError> {
+pub(crate) fn body<T>(b: Result<Object<T>, ApiError>) -> Result<T, ApiError> {
     b.map(|Object(t)| t)
 }
 
 /// A request body that is one JSON object. As axum's `Json` (a JSON content type), but every
 /// refusal has the API's shape, with any quoted value redacted, and an array is refused: serde
 /// reads a struct from an array of its fields in order, which no client means.
-struct Object<T>(T);
+pub(crate) struct Object<T>(T);
 
 impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Object<T> {
     type Rejection = ApiError;
@@ -227,7 +305,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
 }
 
 /// One JSON object, into `T`: never an array (`lethe_core::Object`), at the top or in a field.
-fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_object<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     }
@@ -302,7 +380,7 @@ async fn take_lease(
     headers: HeaderMap,
     b: Result<Object<LeaseJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     granting(&state)?;
     let b = body(b)?;
     let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
@@ -358,7 +436,7 @@ async fn lease_status(
     headers: HeaderMap,
     lease_id: Result<Path<i64>, PathRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     let lease_id = path(lease_id)?;
     let revoked = gate(&state, move |j| j.is_revoked(lease_id)).await?;
     Ok(Json(json!({"lease_id": lease_id, "revoked": revoked})))
@@ -378,7 +456,7 @@ async fn renew_lease(
     lease_id: Result<Path<i64>, PathRejection>,
     b: Result<Object<RenewJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     granting(&state)?;
     let lease_id = path(lease_id)?;
     let ttl = body(b)?.ttl_ms.unwrap_or(60_000);
@@ -451,7 +529,7 @@ async fn take_permit(
     headers: HeaderMap,
     b: Result<Object<PermitJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     granting(&state)?;
     let b = body(b)?;
     let sink = match b.sink.as_str() {
@@ -536,7 +614,7 @@ async fn end_permit(
     query: Option<String>,
     end: End,
 ) -> Result<StatusCode, ApiError> {
-    authorize(state, headers, Role::Runtime)?;
+    authorize(state, headers, Need::Gate)?;
     let permit_id = path(permit_id)?;
     let KeyQuery { key } = parse_query(query.as_deref())?;
     check_key(key.as_deref(), "key")?;
@@ -602,7 +680,7 @@ async fn revocations(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>>, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     let q: RevocationsQuery = parse_query(query.as_deref())?;
     let mut leases = q
         .leases
@@ -691,7 +769,7 @@ async fn record_lineage(
     headers: HeaderMap,
     b: Result<Object<LineageJson>, ApiError>,
 ) -> Result<StatusCode, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     let b = body(b)?;
     let bad = |e: lethe_core::IdentError| ApiError::bad_request(e.to_string());
     let tenant = Tenant::new(b.tenant).map_err(bad)?;
@@ -743,7 +821,7 @@ async fn data_key(
     headers: HeaderMap,
     b: Result<Object<KeyJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Runtime)?;
+    authorize(&state, &headers, Need::Gate)?;
     let b = body(b)?;
     if b.key_id.as_deref().is_some_and(|k| {
         !(k.len() == 27 && k.starts_with("dk-") && k[3..].bytes().all(|c| c.is_ascii_hexdigit()))
@@ -802,13 +880,14 @@ fn scope_of(b: &JobJson) -> Result<Scope, ApiError> {
     .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
-fn engine_error(e: EngineError) -> ApiError {
+pub(crate) fn engine_error(e: EngineError) -> ApiError {
     match e {
         // The engine names a request's fields as the API does (`ticket`): no rewording.
         EngineError::Input(m) => ApiError::bad_request(m),
         EngineError::Held { .. } => ApiError::new(StatusCode::CONFLICT, "held", e.to_string()),
         EngineError::Claimed(_) => ApiError::new(StatusCode::CONFLICT, "claimed", e.to_string()),
         EngineError::Journal(j) => j.into(),
+        EngineError::Request(r) => crate::requests::refusal(r),
         e => {
             tracing::error!(error = %e, "Job request failed.");
             ApiError::unavailable()
@@ -821,7 +900,15 @@ async fn create_job(
     headers: HeaderMap,
     b: Result<Object<JobJson>, ApiError>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Operator)?;
+    authorize(&state, &headers, Need::RunJobs)?;
+    if state.require_approval {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "approval_required",
+            "[serve] require_approval is on: every job comes from a request \
+             (POST /v1/requests) that another token approves (POST /v1/requests/{id}/approve)",
+        ));
+    }
     let b = body(b)?;
     let scope = scope_of(&b)?;
     let basis: Basis = b.basis.parse().map_err(ApiError::bad_request)?;
@@ -866,7 +953,7 @@ async fn create_job(
 }
 
 /// Runs a job on its own thread; its progress is in the journal (GET /v1/jobs/{id}).
-fn run_in_background(
+pub(crate) fn run_in_background(
     engine: Arc<Engine>,
     job_id: String,
     opts: RunOptions,
@@ -881,7 +968,7 @@ fn run_in_background(
         .map_err(EngineError::Io)
 }
 
-fn drain_timeout(secs: Option<u64>) -> Result<Duration, ApiError> {
+pub(crate) fn drain_timeout(secs: Option<u64>) -> Result<Duration, ApiError> {
     let secs = secs.unwrap_or(30);
     if secs > 86_400 {
         return Err(ApiError::bad_request(
@@ -895,7 +982,7 @@ async fn list_jobs(
     AxState(state): AxState<State>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers, Role::Operator)?;
+    authorize(&state, &headers, Need::ReadJobs)?;
     let engine = Arc::clone(&state.engine);
     let jobs = tokio::task::spawn_blocking(move || engine.journal().jobs())
         .await
@@ -920,7 +1007,7 @@ async fn resume_job(
     job_id: Result<Path<String>, PathRejection>,
     b: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
-    authorize(&state, &headers, Role::Operator)?;
+    authorize(&state, &headers, Need::ResumeJobs)?;
     let job_id = path(job_id)?;
     // The body is optional: parsed here, so its errors have the API's shape and redaction.
     let b = b.map_err(|e| match e.status() {
@@ -959,7 +1046,7 @@ async fn job(
     headers: HeaderMap,
     job_id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&state, &headers, Role::Operator)?;
+    authorize(&state, &headers, Need::ReadJobs)?;
     let job_id = path(job_id)?;
     let engine = Arc::clone(&state.engine);
     let out = tokio::task::spawn_blocking(move || engine.outcome(&job_id))

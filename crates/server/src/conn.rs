@@ -134,6 +134,7 @@ pub(crate) async fn serve(
     app: Router,
     authenticate: Authenticate,
     idle: Duration,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     grace: Duration,
     stop: impl Future<Output = ()>,
 ) {
@@ -158,11 +159,6 @@ pub(crate) async fn serve(
         };
         // Small request/response pairs: never hold a segment back waiting for an ACK.
         let _ = tcp.set_nodelay(true);
-        let io = TokioIo::new(Guarded {
-            tcp,
-            idle,
-            write_deadline: None,
-        });
         let id = next_id;
         next_id += 1;
         // Every unproven connection has a request in flight: this one is closed at once.
@@ -208,7 +204,17 @@ pub(crate) async fn serve(
         });
         let mut closing = closing_rx.clone();
         let admission_t = Arc::clone(&admission);
+        let tls = tls.clone();
         open.spawn(async move {
+            let Some(stream) = handshake(tls, tcp, idle).await else {
+                admission_t.forget(id);
+                return;
+            };
+            let io = TokioIo::new(Guarded {
+                stream,
+                idle,
+                write_deadline: None,
+            });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(idle);
             let mut conn = pin!(http.serve_connection(io, service));
@@ -239,9 +245,45 @@ pub(crate) async fn serve(
     }
 }
 
+/// The connection's stream: TLS once its handshake is done (in the connection's own task,
+/// bounded by the idle timeout as a request's headers are), else plain. `None`: the handshake
+/// failed or took too long.
+async fn handshake(
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    tcp: TcpStream,
+    idle: Duration,
+) -> Option<Stream> {
+    let Some(acceptor) = tls else {
+        return Some(Stream::Plain(tcp));
+    };
+    match tokio::time::timeout(idle, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => Some(Stream::Tls(Box::new(s))),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed.");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// A connection's bytes: plain TCP, or TLS over it.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+macro_rules! each {
+    ($stream:expr, $s:ident => $e:expr) => {
+        match $stream {
+            Stream::Plain($s) => $e,
+            Stream::Tls($s) => $e,
+        }
+    };
+}
+
 /// A connection, with the deadline of a write the client is not taking.
 struct Guarded {
-    tcp: TcpStream,
+    stream: Stream,
     idle: Duration,
     /// Set when a write first finds the socket's buffer full; cleared by the next write taken.
     write_deadline: Option<Pin<Box<Sleep>>>,
@@ -279,7 +321,7 @@ impl AsyncRead for Guarded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_read(cx, buf)
+        each!(&mut self.get_mut().stream, s => Pin::new(s).poll_read(cx, buf))
     }
 }
 
@@ -290,7 +332,7 @@ impl AsyncWrite for Guarded {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.tcp).poll_write(cx, buf);
+        let polled = each!(&mut this.stream, s => Pin::new(s).poll_write(cx, buf));
         this.after_write(cx, polled)
     }
 
@@ -300,20 +342,20 @@ impl AsyncWrite for Guarded {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.tcp).poll_write_vectored(cx, bufs);
+        let polled = each!(&mut this.stream, s => Pin::new(s).poll_write_vectored(cx, bufs));
         this.after_write(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
+        each!(&self.stream, s => s.is_write_vectored())
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+        each!(&mut self.get_mut().stream, s => Pin::new(s).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+        each!(&mut self.get_mut().stream, s => Pin::new(s).poll_shutdown(cx))
     }
 }
 

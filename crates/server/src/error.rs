@@ -84,6 +84,15 @@ impl From<JournalError> for ApiError {
             JournalError::NoSuchJob(_) => {
                 Self::new(StatusCode::NOT_FOUND, "no_such_job", "no such job")
             }
+            JournalError::Corrupt(_) => {
+                // What is unreadable or edited, by a column's or a record's name and id only.
+                tracing::error!(error = %e, "The control store holds unreadable or edited data.");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "corrupt",
+                    format!("{e}; nothing was done (`lethe journal verify` checks the chain)"),
+                )
+            }
             e => {
                 // The store's message can name a file or SQL; it stays in the server's log.
                 tracing::error!(error = %e, "Control store failed during a request.");
@@ -93,9 +102,15 @@ impl From<JournalError> for ApiError {
     }
 }
 
+/// An error answer's code, on the response's extensions: the metrics count refusals by it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ErrorCode(pub(crate) &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"error": self.code, "message": self.message});
-        (self.status, axum::Json(body)).into_response()
+        let mut res = (self.status, axum::Json(body)).into_response();
+        res.extensions_mut().insert(ErrorCode(self.code));
+        res
     }
 }

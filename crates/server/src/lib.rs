@@ -10,16 +10,29 @@
 //!   transaction ([`lethe_gate::pg`]). The server holds no SQL of the gate and
 //!   keeps no gate state of its own, so several servers over one PostgreSQL journal are one gate,
 //!   and a restarted server has lost nothing.
-//! - Bearer tokens carry a role: `runtime` may use the gate, `operator` may also run jobs.
+//! - Bearer tokens carry a role and a name: `runtime` may use the gate, `operator` may also
+//!   run jobs; `requester`, `approver` and `admin` are the DPO's service (`requests.rs`): a
+//!   request is approved by another token than the one that made it, and the journal records
+//!   both names.
+//! - `/console` (`console.rs`): the DPO's pages, server-rendered, with sessions and CSRF tokens.
+//! - `GET /metrics` (`metrics.rs`) and webhook alerts (`alerts.rs`) are read from the control
+//!   store by one watcher loop (`watch.rs`), so a restarted server neither loses nor repeats
+//!   what it reported.
 //!
 //! Start reading at [`run`]; the routes are in `api.rs`, the wire contract in `openapi.json`.
 //! The listener and the shutdown signal are passed in (mini-redis style), so tests bind port 0.
 
+mod alerts;
 mod api;
 mod conn;
+mod console;
 mod error;
+mod metrics;
 mod pool;
+mod requests;
 mod revocations;
+mod tls;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -32,6 +45,7 @@ use lethe_journal::Journal;
 pub use conn::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_UNPROVEN};
 pub use error::ApiError;
 pub use revocations::MAX_WATCHED_LEASES;
+pub use tls::{tls_config, TlsConfig};
 
 /// The OpenAPI 3.1 document served at `GET /v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
@@ -45,8 +59,10 @@ pub struct Server {
     pub journals: Vec<Journal>,
     /// One more connection for the revocation watcher.
     pub watcher_journal: Journal,
-    /// Bearer tokens and their roles.
-    pub tokens: Vec<(String, Role)>,
+    /// Bearer tokens, their roles and names.
+    pub tokens: Vec<Token>,
+    /// Approvals, alerts and the watcher's period.
+    pub dpo: Dpo,
     /// The gate's clock (lease TTLs).
     pub clock: Arc<dyn Clock>,
     /// Fault injection for tests; [`Hooks::default`] in production.
@@ -60,7 +76,96 @@ pub struct Server {
     /// on the server's own asynchronous connections (as many as `journals`) instead of a
     /// blocking thread each. `None` (SQLite) keeps every call on `journals`.
     pub postgres: Option<lethe_postgres::Settings>,
+    /// TLS ([`tls_config`]): every connection is HTTPS. `None`: plain HTTP.
+    pub tls: Option<TlsConfig>,
 }
+
+/// A bearer token the server accepts.
+#[derive(Clone)]
+pub struct Token {
+    /// The token itself (a password).
+    pub secret: String,
+    /// What it may do.
+    pub role: Role,
+    /// Who holds it: journaled as who requested, approved or paused.
+    pub name: String,
+}
+
+impl Token {
+    /// A token named `name`.
+    pub fn new(secret: impl Into<String>, role: Role, name: impl Into<String>) -> Self {
+        Self {
+            secret: secret.into(),
+            role,
+            name: name.into(),
+        }
+    }
+}
+
+/// Without the secret.
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("role", &self.role)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A webhook alerts go to.
+#[derive(Clone)]
+pub struct Webhook {
+    /// Where to POST.
+    pub url: String,
+    /// The HMAC-SHA256 key the body is signed with.
+    pub secret: Vec<u8>,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The DPO's service: approvals, alerts, and how often the control store is watched.
+#[derive(Clone, Debug)]
+pub struct Dpo {
+    /// `POST /v1/jobs` is refused (403): every job comes from an approved request.
+    pub require_approval: bool,
+    /// Webhooks every alert is sent to.
+    pub webhooks: Vec<Webhook>,
+    /// How often the watcher reads the control store for metrics and alerts
+    /// ([`WATCH_EVERY`] in production).
+    pub watch_every: std::time::Duration,
+    /// The first wait before a failed alert delivery is tried again; doubled each time, five
+    /// tries in all ([`ALERT_BACKOFF`] in production).
+    pub alert_backoff: std::time::Duration,
+    /// How long a console session lasts after its last use ([`SESSION_TTL`] in production).
+    pub session_ttl: std::time::Duration,
+}
+
+impl Default for Dpo {
+    fn default() -> Self {
+        Self {
+            require_approval: false,
+            webhooks: Vec::new(),
+            watch_every: WATCH_EVERY,
+            alert_backoff: ALERT_BACKOFF,
+            session_ttl: SESSION_TTL,
+        }
+    }
+}
+
+/// How often `lethe serve` reads the control store for its metrics and alerts.
+pub const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a console session lasts after its last use.
+pub const SESSION_TTL: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+/// The first retry's wait for an alert's delivery.
+pub const ALERT_BACKOFF: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Points where a test can stop a request to force an ordering (never a sleep). Each hook runs
 /// on the request's blocking thread.
@@ -98,6 +203,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let idle_timeout = server.idle_timeout;
+    let tls = server.tls.map(tokio_rustls::TlsAcceptor::from);
     let authority_lost = server.watcher_journal.gate_authority_lost();
     let watchers = revocations::Watchers::start(server.watcher_journal, stop_rx.clone());
     let pg = server
@@ -113,7 +219,19 @@ pub async fn run(
         watchers,
         stop: stop_rx,
         authority_lost,
+        require_approval: server.dpo.require_approval,
+        metrics: Arc::new(metrics::Metrics::new()),
+        sessions: Arc::new(console::Sessions::new(
+            server.dpo.session_ttl,
+            tls.is_some(),
+        )),
     };
+    tokio::spawn(watch::watch(
+        state.clone(),
+        server.dpo.webhooks,
+        server.dpo.watch_every,
+        server.dpo.alert_backoff,
+    ));
     tokio::spawn(sweep(
         Arc::clone(&state.pool),
         Arc::clone(&state.clock),
@@ -121,13 +239,14 @@ pub async fn run(
         state.stop.clone(),
     ));
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "Gate listening.");
+    tracing::info!(%addr, tls = tls.is_some(), "Gate listening.");
     let tokens = Arc::clone(&state.tokens);
     conn::serve(
         listener,
         api::router(state),
-        Arc::new(move |headers: &axum::http::HeaderMap| api::role(&tokens, headers).is_ok()),
+        Arc::new(move |headers: &axum::http::HeaderMap| api::bearer(&tokens, headers).is_ok()),
         idle_timeout,
+        tls,
         SHUTDOWN_GRACE,
         async move {
             shutdown.await;

@@ -17,7 +17,7 @@ use lethe_core::{MemoryId, Scope, Subject, Tenant};
 use lethe_engine::config::Role;
 use lethe_engine::{Config, Engine, RunOptions};
 use lethe_journal::Journal;
-use lethe_server::{Hooks, Server};
+use lethe_server::{Dpo, Hooks, Server, Token};
 use serde_json::{json, Value};
 
 const RUNTIME: &str = "runtime-token-for-tests-0001";
@@ -122,14 +122,16 @@ impl Env {
             journals: (0..4).map(|_| open()).collect(),
             watcher_journal: open(),
             tokens: vec![
-                (RUNTIME.into(), Role::Runtime),
-                (OPERATOR.into(), Role::Operator),
+                Token::new(RUNTIME, Role::Runtime, "runtime"),
+                Token::new(OPERATOR, Role::Operator, "operator"),
             ],
+            dpo: Dpo::default(),
             clock: Arc::clone(&self.clock),
             hooks,
             sweep_every: self.sweep_every,
             idle_timeout: self.idle_timeout,
             // PostgreSQL: the asynchronous gate path, as `lethe serve` runs it.
+            tls: None,
             postgres: self.journal.starts_with("postgres").then(|| {
                 lethe_postgres::Settings::from_url(&self.journal, self.dir.path()).unwrap()
             }),

@@ -14,7 +14,7 @@ use lethe_core::clock::SystemClock;
 use lethe_engine::config::Role;
 use lethe_engine::{Config, Engine};
 use lethe_journal::Journal;
-use lethe_server::{Hooks, Server};
+use lethe_server::{Dpo, Hooks, Server, Token};
 use serde_json::{json, Value};
 
 const RUNTIME: &str = "runtime-token-for-tests-0001";
@@ -76,13 +76,15 @@ impl Env {
             journals: (0..2).map(|_| open()).collect(),
             watcher_journal: open(),
             tokens: vec![
-                (RUNTIME.into(), Role::Runtime),
-                (OPERATOR.into(), Role::Operator),
+                Token::new(RUNTIME, Role::Runtime, "runtime"),
+                Token::new(OPERATOR, Role::Operator, "operator"),
             ],
+            dpo: Dpo::default(),
             clock: Arc::new(SystemClock),
             hooks: Hooks::default(),
             sweep_every: Duration::from_secs(3600),
             idle_timeout: lethe_server::IDLE_TIMEOUT,
+            tls: None,
             postgres: postgres
                 .then(|| lethe_postgres::Settings::from_url(&journal, dir.path()).unwrap()),
         };

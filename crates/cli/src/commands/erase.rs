@@ -168,6 +168,31 @@ pub(crate) fn resume(
     Ok(outcome_code(&o))
 }
 
+/// Approves a pending request as the holder of `token_file` (never the token that made it),
+/// then runs its job as `erase` does.
+pub(crate) fn approve(
+    config: &Path,
+    request_id: &str,
+    token_file: Option<&Path>,
+    drain_timeout: u64,
+    json: bool,
+) -> Result<i32, Exit> {
+    let by = crate::secret::holder(config, token_file, &[lethe_engine::config::Role::Approver])?;
+    let engine = open_engine_probing(config)?;
+    let job_id = engine.approve_request(request_id, &by)?;
+    if !json {
+        outln!("Request {request_id} approved: job {job_id}.");
+    }
+    let opts = RunOptions {
+        drain_timeout: Duration::from_secs(drain_timeout),
+        pause_at: lethe_engine::pause_from_env(),
+        reinventory: false,
+    };
+    let o = engine.resume(&job_id, &opts, &mut progress_printer(progress_to(json)))?;
+    print_outcome(&o, json);
+    Ok(outcome_code(&o))
+}
+
 /// Runs the jobs other processes left unfinished.
 pub(crate) fn work(config: &Path, drain_timeout: u64, json: bool) -> Result<i32, Exit> {
     let engine = open_engine(config)?;

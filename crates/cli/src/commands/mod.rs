@@ -11,6 +11,7 @@ mod jobs;
 mod journal;
 mod lineage;
 mod recovery;
+mod request;
 mod scope;
 mod serve;
 mod targets;
@@ -103,6 +104,19 @@ fn dispatch(args: Args) -> Result<i32, Exit> {
             command: BackupsCommand::Check { json },
         } => backups::check(&config, json),
         Command::Hold { command } => hold::run(&config, command),
+        Command::Request { command } => request::run(&config, command),
+        Command::Approve {
+            request_id,
+            token_file,
+            drain_timeout,
+            json,
+        } => erase::approve(
+            &config,
+            &request_id,
+            token_file.as_deref(),
+            drain_timeout,
+            json,
+        ),
         Command::Guard { command } => guard::run(&config, command),
         Command::Journal {
             command:

@@ -12,9 +12,6 @@ use lethe_journal::Journal;
 
 use crate::exit::{bad, Exit};
 
-/// Shortest token accepted: a bearer token is a password.
-const MIN_TOKEN_LEN: usize = 16;
-
 pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
     let cfg = Config::load(config).map_err(crate::exit::config)?;
     if cfg.serve.tokens.is_empty() {
@@ -26,39 +23,27 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
     let mut seen = BTreeSet::new();
     for t in &cfg.serve.tokens {
         let shown = t.token_file.display();
-        let text = std::fs::read_to_string(&t.token_file)
-            .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?;
-        // A bearer token is a password: as with the key file, refuse one others can read.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(&t.token_file)
-                .map_err(|e| bad(format!("serve.token_file {shown}: {e}")))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(bad(format!(
-                    "serve.token_file {shown} is readable by group or others (mode {:o}); chmod 600 it",
-                    mode & 0o777
-                )));
-            }
-        }
-        let token = text.trim().to_string();
-        // Visible ASCII only: a header value is bytes, and a client sends a non-ASCII token in
-        // whatever encoding it likes, so such a token would start a server no one can use.
-        if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(bad(format!(
-                "serve.token_file {shown}: a token must be one line of at least {MIN_TOKEN_LEN} \
-                 visible ASCII characters (no spaces, no accented letters)"
-            )));
-        }
+        let token = crate::secret::read_secret_file(&t.token_file, "serve.token_file")?;
         if !seen.insert(token.clone()) {
             return Err(bad(format!(
                 "serve.token_file {shown}: the same token is listed twice"
             )));
         }
-        tokens.push((token, t.role));
+        tokens.push(lethe_server::Token::new(token, t.role, t.name.clone()));
     }
+    let mut webhooks = Vec::new();
+    for a in &cfg.serve.alerts {
+        let secret = crate::secret::read_secret_file(&a.secret_file, "serve.alert secret_file")?;
+        webhooks.push(lethe_server::Webhook {
+            url: a.url.clone(),
+            secret: secret.into_bytes(),
+        });
+    }
+    let dpo = lethe_server::Dpo {
+        require_approval: cfg.serve.require_approval,
+        webhooks,
+        ..lethe_server::Dpo::default()
+    };
     // A journal URL the server refuses as configured (no such database, a role it does not
     // know) is the configuration's error, as for every other command (review).
     let open = || {
@@ -92,6 +77,10 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
         };
     let listen = listen.unwrap_or_else(|| cfg.serve.listen.clone());
     let allow_plain_http = cfg.serve.allow_plain_http;
+    let tls = match &cfg.serve.tls {
+        Some(t) => Some(lethe_server::tls_config(&t.cert_file, &t.key_file).map_err(bad)?),
+        None => None,
+    };
     let engine = Arc::new(Engine::open(cfg, Arc::new(SystemClock))?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -103,29 +92,33 @@ pub(crate) fn run(config: &Path, listen: Option<String>) -> Result<i32, Exit> {
             .map_err(|e| bad(format!("cannot listen on {listen}: {e}")))?;
         let addr = listener.local_addr().map_err(|e| Exit(1, e.into()))?;
         // Plain HTTP off the machine sends every bearer token readable across the network.
-        if !addr.ip().is_loopback() {
+        if tls.is_none() && !addr.ip().is_loopback() {
             if !allow_plain_http {
                 return Err(bad(format!(
                     "refusing to listen on {addr} over plain HTTP: bearer tokens are passwords, \
                      and every request would carry one readable across the network. Listen on \
-                     a loopback address (127.0.0.1:7400) behind a TLS proxy, or set \
+                     a loopback address (127.0.0.1:7400) behind a TLS proxy, give [serve] tls = \
+                     {{ cert_file, key_file }}, or set \
                      allow_plain_http = true in [serve] for a network you trust"
                 )));
             }
             tracing::warn!(%addr, "Listening on a non-loopback address over plain HTTP (allow_plain_http = true): bearer tokens cross the network readable.");
         }
-        outln!("Listening on http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        outln!("Listening on {scheme}://{addr}");
         let _ = std::io::stdout().flush();
         let server = lethe_server::Server {
             engine,
             journals,
             watcher_journal,
             tokens,
+            dpo,
             clock: Arc::new(SystemClock),
             hooks: lethe_server::Hooks::default(),
             sweep_every: lethe_server::SWEEP_EVERY,
             idle_timeout: lethe_server::IDLE_TIMEOUT,
             postgres,
+            tls,
         };
         lethe_server::run(listener, server, shutdown_signal())
             .await
