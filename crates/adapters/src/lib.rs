@@ -146,6 +146,8 @@ kinds! {
     AzureAiSearch = "azure-ai-search", azure_ai_search, SEARCH;
     /// A folder of backup artifacts (dumps, RDB files, copies): pending their expiry.
     BackupFiles = "backup-files", backup_files, &["backup"];
+    /// Backup artifacts as objects in an S3 bucket under a prefix: pending their expiry.
+    BackupS3 = "backup-s3", backup_s3, &["backup"];
 }
 
 impl std::fmt::Display for Kind {
