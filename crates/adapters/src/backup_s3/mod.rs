@@ -17,7 +17,8 @@
 //!   midnight UTC as S3 does, or its `Date`); with none, a rule that may apply (it also filters
 //!   by tags or size) can keep it to that rule's day. A server without lifecycle rules (501
 //!   `NotImplemented`) or a bucket without any (404 `NoSuchLifecycleConfiguration`): the
-//!   retention alone. See [`lifecycle`].
+//!   retention alone. See [`lifecycle`]. Tested on s3s-fs (501) and, for stored rules, on
+//!   moto's S3 server (an emulator of AWS's API; `scripts/s3 moto-start`).
 //! - **Not read**: noncurrent versions of a versioned bucket (a deleted object's older
 //!   versions stay until `NoncurrentVersionExpiration` removes them): `ListObjectsV2` lists
 //!   current versions only, so such a bucket's copies outlive what this target reports.

@@ -40,12 +40,16 @@ fn key_files() -> (String, String) {
 
 /// A target on `bucket` with `lines` over the defaults (prefix `nightly/`, 35 days).
 fn target(bucket: &str, lines: &str) -> BackupS3 {
+    target_at(&url(), bucket, lines)
+}
+
+/// The same on the server at `endpoint`.
+fn target_at(endpoint: &str, bucket: &str, lines: &str) -> BackupS3 {
     let (ak, sk) = key_files();
     let mut t: toml::Table = toml::from_str(&format!(
-        "endpoint = {:?}\nbucket = {bucket:?}\nprefix = \"nightly/\"\nretention_days = 35\n\
+        "endpoint = {endpoint:?}\nbucket = {bucket:?}\nprefix = \"nightly/\"\nretention_days = 35\n\
          covers = [\"checkpoints\"]\naccess_key_id_file = {ak:?}\nsecret_access_key_file = {sk:?}\n\
-         timeout_ms = 5000\n",
-        url()
+         timeout_ms = 5000\n"
     ))
     .unwrap();
     t.extend(toml::from_str::<toml::Table>(lines).unwrap());
@@ -174,6 +178,92 @@ fn a_server_without_lifecycle_rules_leaves_the_retention_alone() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].expires, (taken + time::Duration::days(35)).date());
     t.probe().unwrap();
+}
+
+/// The rules a test's bucket gets: its artifacts' prefix kept 90 days (and a disabled rule
+/// that would expire them in one), another prefix 10 days.
+const RULES: &str = r#"<LifecycleConfiguration xmlns="http://s3.amazonaws.com/doc/2006-03-01/">
+  <Rule><ID>nightly</ID><Filter><Prefix>nightly/</Prefix></Filter><Status>Enabled</Status>
+    <Expiration><Days>90</Days></Expiration></Rule>
+  <Rule><ID>off</ID><Filter><Prefix>nightly/</Prefix></Filter><Status>Disabled</Status>
+    <Expiration><Days>1</Days></Expiration></Rule>
+  <Rule><ID>weekly</ID><Filter><Prefix>weekly/</Prefix></Filter><Status>Enabled</Status>
+    <Expiration><Days>10</Days></Expiration></Rule>
+</LifecycleConfiguration>"#;
+
+/// s3s-fs keeps no lifecycle rules: these tests run on moto's S3 server (`scripts/s3
+/// moto-start`, LETHE_S3_MOTO_URL), an emulator of AWS's API that stores them and answers
+/// `GetBucketLifecycleConfiguration` as AWS documents it.
+#[test]
+fn the_bucket_s_lifecycle_rule_extends_an_artifact_s_expiry_only_when_later() {
+    let moto = env("LETHE_S3_MOTO_URL", "http://127.0.0.1:8015");
+    let b = format!(
+        "lethe-lc{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    let t = target_at(&moto, &b, "");
+    let ok = |a: Answer, what: &str| {
+        assert_eq!(a.status, 200, "{what}: {}", String::from_utf8_lossy(&a.body));
+    };
+    ok(
+        t.send("CreateBucket", "PUT", &t.path(None), "", b"")
+            .expect("moto answers (scripts/s3 moto-start; LETHE_S3_MOTO_URL)"),
+        "CreateBucket",
+    );
+    ok(
+        t.send("PutObject", "PUT", &t.path(Some("nightly/a.dump")), "", b"x")
+            .unwrap(),
+        "PutObject",
+    );
+    // No rules yet: 404 NoSuchLifecycleConfiguration, and the retention alone.
+    let a = t
+        .send("GetBucketLifecycleConfiguration", "GET", &t.path(None), "lifecycle=", b"")
+        .unwrap();
+    assert_eq!(a.status, 404);
+    assert_eq!(
+        super::adapter::error_code(&a.body).as_deref(),
+        Some("NoSuchLifecycleConfiguration")
+    );
+    let got = t.backups().unwrap().unwrap();
+    assert_eq!(got.len(), 1);
+    let taken = got[0].taken_at;
+    assert_eq!(got[0].expires, (taken + time::Duration::days(35)).date());
+
+    ok(
+        t.send(
+            "PutBucketLifecycleConfiguration",
+            "PUT",
+            &t.path(None),
+            "lifecycle=",
+            RULES.as_bytes(),
+        )
+        .unwrap(),
+        "PutBucketLifecycleConfiguration",
+    );
+    // 90 days, rounded up to the next midnight UTC: later than 35 days, so it stands.
+    let got = t.backups().unwrap().unwrap();
+    let at = taken + time::Duration::days(90);
+    let rule_day = match at.time() == time::Time::MIDNIGHT {
+        true => at.date(),
+        false => at.date().next_day().unwrap(),
+    };
+    assert_eq!(got[0].expires, rule_day);
+    // A retention longer than the rule keeps its own, later, day.
+    let long = target_at(&moto, &b, "retention_days = 120");
+    assert_eq!(
+        long.backups().unwrap().unwrap()[0].expires,
+        (taken + time::Duration::days(120)).date()
+    );
+    // Under a prefix whose rule is shorter than the retention: the retention.
+    ok(
+        t.send("PutObject", "PUT", &t.path(Some("weekly/b.dump")), "", b"x")
+            .unwrap(),
+        "PutObject",
+    );
+    let weekly = target_at(&moto, &b, "prefix = \"weekly/\"");
+    let w = &weekly.backups().unwrap().unwrap()[0];
+    assert_eq!(w.expires, (w.taken_at + time::Duration::days(35)).date());
 }
 
 #[test]
