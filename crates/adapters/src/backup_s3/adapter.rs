@@ -232,7 +232,10 @@ impl BackupS3 {
     ) -> Result<(Vec<(String, OffsetDateTime)>, Option<String>), AdapterError> {
         const OP: &str = "ListObjectsV2";
         let max = max_keys.map(|m| m.to_string());
-        let mut params = vec![("list-type", "2"), ("prefix", self.prefix.as_str())];
+        let mut params = vec![("list-type", "2")];
+        if !self.prefix.is_empty() {
+            params.push(("prefix", self.prefix.as_str()));
+        }
         if let Some(t) = token {
             params.push(("continuation-token", t));
         }
@@ -275,31 +278,31 @@ impl BackupS3 {
     /// The artifacts under the prefix that match the pattern, sorted by name, each expiring
     /// at the later of its retention and the bucket's rules.
     fn list(&self) -> Result<Vec<Artifact>, AdapterError> {
-        let rules = self.lifecycle()?;
-        let mut out = Vec::new();
+        let mut objects = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let (objects, next) = self.page(token.as_deref(), self.page)?;
-            for (key, taken) in objects {
-                let Some(name) = key.strip_prefix(&self.prefix) else {
-                    return Err(self.failed(
-                        "ListObjectsV2 answered a key outside the prefix asked for",
-                    ));
-                };
-                // A key ending in '/' is a console's folder marker, not a backup.
-                if name.is_empty() || name.ends_with('/') || !glob(&self.pattern, name) {
-                    continue;
-                }
-                let mut a = Artifact::new(name.to_string(), taken, self.retention.days);
-                if let Some(day) = rules.expires(&key, taken) {
-                    a.expires = a.expires.max(day);
-                }
-                out.push(a);
-            }
+            let (page, next) = self.page(token.as_deref(), self.page)?;
+            objects.extend(page);
             match next {
                 Some(t) => token = Some(t),
                 None => break,
             }
+        }
+        let rules = self.lifecycle()?;
+        let mut out = Vec::new();
+        for (key, taken) in objects {
+            let Some(name) = key.strip_prefix(&self.prefix) else {
+                return Err(self.failed("ListObjectsV2 answered a key outside the prefix asked for"));
+            };
+            // A key ending in '/' is a console's folder marker, not a backup.
+            if name.is_empty() || name.ends_with('/') || !glob(&self.pattern, name) {
+                continue;
+            }
+            let mut a = Artifact::new(name.to_string(), taken, self.retention.days);
+            if let Some(day) = rules.expires(&key, taken) {
+                a.expires = a.expires.max(day);
+            }
+            out.push(a);
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -347,10 +350,12 @@ impl Adapter for BackupS3 {
         Ok(Applicability::Applies)
     }
 
-    /// One page of one key: the endpoint answers, the key is valid, the bucket exists and
-    /// may be listed.
+    /// One page of one key and the lifecycle rules: the endpoint answers, the key is valid,
+    /// the bucket exists, and the key may list it and read its rules. A job that would block
+    /// at its completion on any of these is refused before it starts.
     fn probe(&self) -> Result<(), AdapterError> {
-        self.page(None, Some(1)).map(|_| ())
+        self.page(None, Some(1))?;
+        self.lifecycle().map(|_| ())
     }
 
     fn place(&self) -> String {

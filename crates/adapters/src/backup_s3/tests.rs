@@ -153,6 +153,11 @@ fn a_listing_spans_pages_and_keeps_to_the_prefix_and_pattern() {
     let weekly = target(&b, "prefix = \"weekly/\"").backups().unwrap().unwrap();
     assert_eq!(weekly.len(), 1);
     assert_eq!(weekly[0].name, "2026-12-01.dump");
+    // No prefix: the whole bucket, names the whole keys.
+    let whole = target(&b, "prefix = \"\"\npattern = \"*.dump\"").backups().unwrap().unwrap();
+    assert_eq!(whole.len(), 10);
+    assert!(whole.iter().any(|a| a.name == "nightlyX.dump"));
+    assert!(whole.iter().any(|a| a.name == "weekly/2026-12-01.dump"));
     assert_eq!(t.covers(), ["checkpoints".to_string()]);
 
     // Deleted objects are gone from the next listing.
