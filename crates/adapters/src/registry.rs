@@ -259,7 +259,10 @@ mod tests {
         for k in Kind::ALL {
             assert!(!k.classes().is_empty());
             assert!(k.classes().iter().all(|c| CLASSES.contains(c)), "{k}");
-            assert!(!k.classes().contains(&"backup"), "{k}");
+            // Only a backup kind holds backups, and it holds nothing else.
+            let backup = matches!(k, Kind::BackupFiles | Kind::BackupS3);
+            assert_eq!(k.classes().contains(&"backup"), backup, "{k}");
+            assert!(!backup || k.classes() == ["backup"], "{k}");
         }
     }
 
