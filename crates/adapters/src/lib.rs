@@ -159,6 +159,8 @@ kinds! {
     /// LangSmith traces: runs matched by their metadata, traces deleted whole, verified by
     /// reading back.
     Langsmith = "langsmith", langsmith, &["trace"];
+    /// Backup artifacts as objects in an S3 bucket under a prefix: pending their expiry.
+    BackupS3 = "backup-s3", backup_s3, &["backup"];
 }
 
 impl std::fmt::Display for Kind {
