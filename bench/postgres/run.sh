@@ -29,5 +29,5 @@ if [ -z "${LETHE_BIN:-}" ]; then
   LETHE_BIN=target/release/lethe
 fi
 PY="$(scripts/pg python)"
-PEER="${LETHE_PEER_DIR:?set LETHE_PEER_DIR to the peer LangGraph runbook's folder}"
+PEER="${LETHE_PEER_DIR:?set LETHE_PEER_DIR to the folder of the peer LangGraph runbook}"
 PYTHONDONTWRITEBYTECODE=1 exec "$PY" bench/postgres/run.py --peer "$PEER" --pg-url "$PG_URL" --lethe "$LETHE_BIN" "$@"

@@ -21,5 +21,5 @@ if [ -z "${LETHE_BIN:-}" ]; then
   LETHE_BIN=target/release/lethe
 fi
 PY="$(scripts/pg python)"
-PEER="${LETHE_PEER_DIR:?set LETHE_PEER_DIR to the peer LangGraph runbook's folder}"
+PEER="${LETHE_PEER_DIR:?set LETHE_PEER_DIR to the folder of the peer LangGraph runbook}"
 PYTHONDONTWRITEBYTECODE=1 exec "$PY" bench/redis/run.py --peer "$PEER" --lethe "$LETHE_BIN" "$@"
