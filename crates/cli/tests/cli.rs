@@ -1554,6 +1554,9 @@ fn journal_verify_names_an_entry_rewritten_with_its_chain_recomputed() {
         [format!("{}:{prev}", rows.last().unwrap()[0])],
     )
     .unwrap();
+    // And the mark of the last entry checked, which names an entry whose hash changed.
+    c.execute("DELETE FROM lethe_meta WHERE k = 'checked'", [])
+        .unwrap();
     drop(c);
     let rewritten = |out: &Output| {
         let text = String::from_utf8_lossy(&out.stdout);
@@ -1562,6 +1565,24 @@ fn journal_verify_names_an_entry_rewritten_with_its_chain_recomputed() {
         assert!(!text.contains("DSR-9") && !text.contains("alice"), "{text}");
     };
     rewritten(&env.run(&["journal", "verify", "--seal"]));
+    // No job starts on it: the latest seal does not cover the chain as stored.
+    let out = env.run(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "bob",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "DSR-2",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("an entry was rewritten"),
+        "{}",
+        stderr(&out)
+    );
     let before = env.run(&["journal", "verify", "--json"]);
     let v: Value = serde_json::from_slice(&before.stdout).unwrap();
     assert_eq!(

@@ -769,7 +769,7 @@ impl Engine {
             .deadline(now.date(), req.deadline, req.extension_reason.is_some())
             .map_err(input)?;
         // No job is added to a journal whose chain does not verify.
-        self.journal.check_chain()?;
+        self.journal.check_chain_sealed(&self.key.verifying_key())?;
         let new = lethe_journal::jobs::NewJob {
             job_id: format!("del-{}", random_hex(6)?),
             scope_hash: self.scope_hash(&req.scope),

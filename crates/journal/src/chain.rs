@@ -176,15 +176,65 @@ pub(crate) fn seal_tx(
         signature: hex::encode(signature.to_bytes()),
     };
     let seq = append(tx, at, None, &entry)?;
+    // Where the next seal's list starts, and the seal a job's start check reads.
     tx.exec(
-        "INSERT INTO lethe_meta (k, v) VALUES ('sealed_to', $1) \
+        "INSERT INTO lethe_meta (k, v) VALUES ('sealed_to', $1), ('seal_entry', $2) \
          ON CONFLICT (k) DO UPDATE SET v = excluded.v",
-        &[head.to_string().into()],
+        &[head.to_string().into(), seq.to_string().into()],
     )
     .map_err(db)?;
     Ok(Some(Seal {
         entry: seq as u64,
         covers: head as u64,
+    }))
+}
+
+/// The latest seal (`lethe_meta.seal_entry`) against the chain as stored: its signature under
+/// `key`, and the hash of the entry it sealed, which covers every entry before it. A rewrite
+/// with every hash recomputed changes that hash. `None`: it holds, or there is no seal yet.
+fn latest_seal_problem(tx: &mut dyn Tx, key: &VerifyingKey) -> Result<Option<String>> {
+    let Some(seq) = tx
+        .row("SELECT v FROM lethe_meta WHERE k = 'seal_entry'", &[])
+        .map_err(db)?
+        .and_then(|r| r[0].text().parse::<i64>().ok())
+    else {
+        return Ok(None);
+    };
+    let body = tx
+        .row("SELECT body FROM journal WHERE seq = $1", &[V::I(seq)])
+        .map_err(db)?
+        .map(|r| r[0].text());
+    let Some(Ok(Entry::Sealed {
+        from,
+        to,
+        hashes,
+        signature,
+        ..
+    })) = body.map(|b| serde_json::from_str::<Entry>(&b))
+    else {
+        return Ok(Some(format!("the latest seal, entry {seq}, is gone")));
+    };
+    let signed = hex::decode(&signature)
+        .ok()
+        .and_then(|b| Signature::from_slice(&b).ok())
+        .is_some_and(|sig| {
+            key.verify_strict(&seal_message(from, to, &hashes), &sig)
+                .is_ok()
+        });
+    if !signed {
+        return Ok(Some(format!(
+            "the latest seal, entry {seq}, does not verify under the deployment's public key"
+        )));
+    }
+    let stored = tx
+        .row(
+            "SELECT hash FROM journal WHERE seq = $1",
+            &[V::I(to as i64)],
+        )
+        .map_err(db)?
+        .map(|r| r[0].text());
+    Ok((stored.as_ref() != hashes.last()).then(|| {
+        format!("the chain up to entry {to} is not what entry {seq} sealed: an entry was rewritten")
     }))
 }
 
@@ -985,6 +1035,18 @@ impl Journal {
             Err(problem) => Ok(Some(problem)),
         })?;
         match problem {
+            Some(p) => Err(JournalError::Broken(p)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Journal::check_chain`], then the latest seal under the deployment's public key `key`:
+    /// its signature, and the sealed entry's hash as stored, which a rewrite of any entry
+    /// before it changes even with every hash recomputed. What a job checks before it starts
+    /// (one row and one signature more); `lethe journal verify` names the entry.
+    pub fn check_chain_sealed(&self, key: &VerifyingKey) -> Result<()> {
+        self.check_chain()?;
+        match self.read(|tx| latest_seal_problem(tx, key))? {
             Some(p) => Err(JournalError::Broken(p)),
             None => Ok(()),
         }

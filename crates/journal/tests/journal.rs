@@ -1965,6 +1965,12 @@ fn a_rewrite_with_every_hash_recomputed_is_named_by_the_seal(st: Store) {
     recompute_chain(&st);
     let unkeyed = st.open().verify_chain().unwrap();
     assert!(unkeyed.is_intact(), "{:?}", unkeyed.problems);
+    // A job's start check: the hashes agree with the content, the latest seal does not.
+    st.open().check_chain().unwrap();
+    match st.open().check_chain_sealed(&public_key()) {
+        Err(JournalError::Broken(p)) => assert!(p.contains("an entry was rewritten"), "{p}"),
+        other => panic!("a job would start on a rewritten journal: {other:?}"),
+    }
     let p = st.open().verify_sealed(&public_key()).unwrap().problems;
     assert_eq!(
         p,
@@ -2003,6 +2009,11 @@ fn a_removed_or_forged_seal_is_a_problem(st: Store) {
         2,
         "{p:?}"
     );
+    j.check_chain_sealed(&public_key()).unwrap();
+    assert!(matches!(
+        j.check_chain_sealed(&other),
+        Err(JournalError::Broken(p)) if p.contains("does not verify")
+    ));
     // The second seal cut out and every entry after it renumbered and rehashed.
     let seal = seq_of(&st, "sealed", 1);
     st.raw(&format!(

@@ -378,7 +378,7 @@ impl Engine {
         let job_id = job_id.as_str();
         // Nothing runs on a journal whose chain does not verify: its entries are the evidence
         // the certificate is built from.
-        self.journal.check_chain()?;
+        self.journal.check_chain_sealed(&self.key.verifying_key())?;
         // A hold added while the job was interrupted (killed mid-erase, say) stops it too:
         // preservation wins over erasure in every state but COMPLETE, not only before the freeze.
         // A COMPLETE job touches no target (it only rewrites its certificate file), so where
