@@ -372,3 +372,79 @@ mod tests {
         assert!(!format!("{c:?}").contains("secret"));
     }
 }
+
+/// What a LangGraph PostgreSQL target does about the dead row versions its erase leaves
+/// (`dead_rows`): a deleted row's bytes stay in the table's pages (and its TOAST table's) until
+/// VACUUM, or until a later access prunes the page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadRows {
+    /// Report them on the certificate's `physical` line: `PENDING`, at most the rows erased.
+    Report,
+    /// `VACUUM` the target's tables after the erase, then report the dead row versions the
+    /// server's statistics still count in them (others' included).
+    Vacuum,
+}
+
+impl DeadRows {
+    /// `dead_rows = "report" | "vacuum"`.
+    pub(crate) fn parse(s: Option<&str>) -> Result<Option<Self>, String> {
+        match s {
+            None => Ok(None),
+            Some("report") => Ok(Some(DeadRows::Report)),
+            Some("vacuum") => Ok(Some(DeadRows::Vacuum)),
+            Some(_) => Err("dead_rows must be \"report\" or \"vacuum\"".into()),
+        }
+    }
+}
+
+/// The remedy a `PENDING` dead-rows line names.
+const VACUUM_REMEDY: &str = "VACUUM the target's tables: until then, or until a later access \
+     prunes their pages, the deleted rows' bytes stay in the table files as dead row versions \
+     (autovacuum does it in time; dead_rows = \"vacuum\" does it after each erase)";
+
+/// The physical line of a LangGraph PostgreSQL target over `tables` (`schema.table`, as
+/// configured), after a job erased `erased` rows there. `Vacuum` runs `VACUUM` on each first:
+/// a table Lethe's role may not vacuum is skipped by the server with a warning, and its dead
+/// rows are then reported.
+pub(crate) fn dead_rows(
+    db: &crate::sql::Db,
+    tables: &[String],
+    erased: u64,
+    mode: DeadRows,
+) -> Result<crate::Physical, AdapterError> {
+    use crate::sql::{Col, Param, Stmt};
+    if erased == 0 {
+        return Ok(crate::Physical {
+            residue: 0,
+            remedy: VACUUM_REMEDY,
+        });
+    }
+    if mode == DeadRows::Report {
+        return Ok(crate::Physical {
+            residue: erased,
+            remedy: VACUUM_REMEDY,
+        });
+    }
+    let mut s = db.session()?;
+    for t in tables {
+        s.each(
+            &Stmt::new(format!("VACUUM {}", quote_qualified(t))),
+            &[],
+            &[],
+            |_| {},
+        )?;
+    }
+    let names: Vec<String> = tables.to_vec();
+    let row = s.one(
+        &Stmt::new(
+            "SELECT CAST(coalesce(sum(n_dead_tup), 0) AS BIGINT) FROM pg_stat_user_tables \
+             WHERE schemaname || '.' || relname = ANY($1)",
+        ),
+        &[Param::Set(&names)],
+        &[Col::Int],
+    )?;
+    Ok(crate::Physical {
+        residue: row.count(0),
+        remedy: VACUUM_REMEDY,
+    })
+}

@@ -541,3 +541,87 @@ fn recovery_of_an_unknown_backup_or_unreachable_target_is_refused_touching_nothi
     assert!(env.lease("alice").is_ok());
     assert!(!env.path().join("certificates").exists());
 }
+
+/// `dead_rows` on the LangGraph PostgreSQL kinds: `vacuum` vacuums the target's tables after
+/// the erase and certifies what the server still counts (CLEAN here); `report` certifies the
+/// rows erased as dead row versions PENDING until VACUUM; a bad value is refused.
+#[test]
+fn dead_row_versions_are_vacuumed_or_reported_on_the_certificate() {
+    let env = Env {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let db = Db::from_template(format!("rcv_dead_{}", std::process::id()));
+    let url = url_of(&db.0);
+    let config = |cp: &str, st: &str| {
+        std::fs::write(
+            env.path().join("lethe.toml"),
+            format!(
+                r#"[control]
+journal = "sqlite:journal.db"
+
+[[target]]
+name = "checkpoints"
+kind = "langgraph-postgres-checkpointer"
+class = "primary"
+url = "{url}?sslmode=disable"
+metadata = {{ tenant = "tenant_id", subject = "user_id" }}
+registry = {{ table = "public.thread_registry", tenant = "tenant_id", subject = "user_id", thread = "thread_id" }}
+dead_rows = "{cp}"
+
+[[target]]
+name = "memories"
+kind = "langgraph-postgres-store"
+class = "primary"
+url = "{url}?sslmode=disable"
+namespace = ["{{tenant}}", "{{subject}}"]
+dead_rows = "{st}"
+"#
+            ),
+        )
+        .unwrap();
+    };
+    config("vacuum", "sometimes");
+    let o = env.run(&["targets"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("dead_rows must be"));
+    config("vacuum", "report");
+    let others = db.others();
+    let (code, out) = env.json(&[
+        "erase",
+        "--tenant",
+        "acme",
+        "--subject",
+        "alice",
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "T-D",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let cert = &out["certificate"];
+    let cp = &cert["targets"]["checkpoints"];
+    assert_eq!(cp["physical"]["status"], "CLEAN", "{cert}");
+    assert_eq!(cp["physical"]["residue"], 0);
+    let st = &cert["targets"]["memories"];
+    assert!(st["count"].as_u64().unwrap() > 0);
+    assert_eq!(st["physical"]["status"], "PENDING", "{cert}");
+    assert_eq!(st["physical"]["residue"], st["count"]);
+    assert!(st["physical"]["remedy"]
+        .as_str()
+        .unwrap()
+        .contains("VACUUM"));
+    // The checkpointer's tables were vacuumed; the store's were not asked to be.
+    let vacuumed: i64 = db
+        .client()
+        .query_one(
+            "SELECT count(*) FROM pg_stat_user_tables WHERE relname IN \
+             ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes') AND vacuum_count > 0",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(vacuumed, 3);
+    assert_eq!(db.alices_rows(), 0);
+    assert_eq!(db.others(), others, "every other subject's rows kept");
+}

@@ -113,6 +113,8 @@ pub struct Checkpointer {
     metadata: Option<MetadataKeys>,
     /// The database guard, where the engine has one.
     guard: Option<PgGuard>,
+    /// PostgreSQL: what the certificate says of the dead row versions an erase leaves.
+    dead_rows: Option<crate::postgres::DeadRows>,
 }
 
 fn owner(scope: &Scope) -> Option<Owner<'_>> {
@@ -145,7 +147,15 @@ impl Checkpointer {
             registry,
             metadata,
             guard,
+            dead_rows: None,
         }
+    }
+
+    /// On PostgreSQL: reports (or vacuums, then reports) the dead row versions each erase
+    /// leaves in LangGraph's tables, as the certificate's `physical` line.
+    pub(crate) fn with_dead_rows(mut self, mode: Option<crate::postgres::DeadRows>) -> Self {
+        self.dead_rows = mode;
+        self
     }
 
     fn failed(&self, why: impl Into<String>) -> AdapterError {
@@ -359,6 +369,14 @@ impl Adapter for Checkpointer {
 
     fn guard(&self) -> Option<&dyn Guard> {
         self.guard.as_ref().map(|g| g as &dyn Guard)
+    }
+
+    fn physical(&self, frozen: &[Locator]) -> Result<Option<crate::Physical>, AdapterError> {
+        let Some(mode) = self.dead_rows else {
+            return Ok(None);
+        };
+        let erased = frozen.iter().map(|(_, n)| n).sum();
+        crate::postgres::dead_rows(&self.db, &self.sql.delete_tables(), erased, mode).map(Some)
     }
 
     fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {

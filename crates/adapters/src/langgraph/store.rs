@@ -71,6 +71,8 @@ pub struct Store {
     template: Vec<Label>,
     /// The database guard, where the engine has one.
     guard: Option<PgGuard>,
+    /// PostgreSQL: what the certificate says of the dead row versions an erase leaves.
+    dead_rows: Option<crate::postgres::DeadRows>,
 }
 
 impl Store {
@@ -87,7 +89,15 @@ impl Store {
             sql,
             template,
             guard,
+            dead_rows: None,
         }
+    }
+
+    /// On PostgreSQL: reports (or vacuums, then reports) the dead row versions each erase
+    /// leaves in `store` and `store_vectors`, as the certificate's `physical` line.
+    pub(crate) fn with_dead_rows(mut self, mode: Option<crate::postgres::DeadRows>) -> Self {
+        self.dead_rows = mode;
+        self
     }
 
     fn selection(&self, scope: &Scope) -> Result<Selection, AdapterError> {
@@ -165,6 +175,15 @@ impl Adapter for Store {
 
     fn guard(&self) -> Option<&dyn Guard> {
         self.guard.as_ref().map(|g| g as &dyn Guard)
+    }
+
+    fn physical(&self, frozen: &[crate::Locator]) -> Result<Option<crate::Physical>, AdapterError> {
+        let Some(mode) = self.dead_rows else {
+            return Ok(None);
+        };
+        let erased = frozen.iter().map(|(_, n)| n).sum();
+        let (store, vectors) = self.sql.tables();
+        crate::postgres::dead_rows(&self.db, &[store, vectors], erased, mode).map(Some)
     }
 
     fn check_scope(&self, scope: &Scope) -> Result<Applicability, AdapterError> {

@@ -22,6 +22,7 @@ struct Raw {
     // position, the tenant's and the subject's swapped by one misordered export.
     registry: Option<Object<RawRegistry>>,
     metadata: Option<Object<RawMetadata>>,
+    dead_rows: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -49,6 +50,7 @@ pub struct Config {
     schema: String,
     registry: Option<(Option<crate::postgres::ConnConfig>, RegistryNames)>,
     metadata: Option<MetadataKeys>,
+    dead_rows: Option<crate::postgres::DeadRows>,
 }
 
 /// The registry's table and columns, as configured.
@@ -123,6 +125,7 @@ impl Config {
             schema,
             registry,
             metadata,
+            dead_rows: crate::postgres::DeadRows::parse(raw.dead_rows.as_deref())?,
         })
     }
 
@@ -150,6 +153,7 @@ impl Config {
             self.metadata,
             Some(guard),
         )
+        .with_dead_rows(self.dead_rows)
     }
 }
 

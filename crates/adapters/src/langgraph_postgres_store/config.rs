@@ -19,6 +19,7 @@ struct Raw {
     /// Schema of LangGraph's tables (default `public`).
     schema: Option<String>,
     namespace: Vec<String>,
+    dead_rows: Option<String>,
 }
 
 /// A validated config.
@@ -26,6 +27,7 @@ pub struct Config {
     conn: ConnConfig,
     schema: String,
     template: Vec<Label>,
+    dead_rows: Option<crate::postgres::DeadRows>,
 }
 
 impl Config {
@@ -46,6 +48,7 @@ impl Config {
             )?,
             schema,
             template: parse_template(&raw.namespace)?,
+            dead_rows: crate::postgres::DeadRows::parse(raw.dead_rows.as_deref())?,
         })
     }
 
@@ -81,5 +84,6 @@ impl Config {
             self.template,
             Some(guard),
         )
+        .with_dead_rows(self.dead_rows)
     }
 }
