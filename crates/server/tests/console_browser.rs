@@ -144,7 +144,10 @@ impl Browser {
             assert!(Instant::now() < until, "chromedriver did not start");
             std::thread::yield_now();
         }
+        // An implicit wait: after a form's submit the next page loads asynchronously, and a
+        // lookup made before it is there waits for it instead of failing.
         let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome",
+            "timeouts": {"implicit": 10000},
             "goog:chromeOptions": {"binary": "/usr/bin/chromium",
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
                          "--disable-dev-shm-usage", "--window-size=1280,800"]}}}});
