@@ -43,6 +43,18 @@ impl Journal {
         })
     }
 
+    /// The jobs whose backups settled (a final certificate was issued).
+    pub fn settled_jobs(&self) -> Result<std::collections::HashSet<String>> {
+        self.read(|tx| {
+            Ok(tx
+                .rows("SELECT job_id FROM final_certificates", &[])
+                .map_err(db)?
+                .iter()
+                .map(|r| r[0].text())
+                .collect())
+        })
+    }
+
     /// A job's final certificate, if its backups settled.
     pub fn final_certificate(&self, job_id: &str) -> Result<Option<serde_json::Value>> {
         self.read(|tx| {

@@ -1,6 +1,8 @@
 //! Alerts: a job within [`DUE_SOON_DAYS`] of its deadline and not COMPLETE, a job BLOCKED
-//! (`residue` and `anomaly` for those two reasons), each raised once per condition and again
-//! when the condition changes (due soon, then overdue; blocked again after a resume).
+//! (`residue` and `anomaly` for those two reasons), a COMPLETE job whose certificate's
+//! `backup_expiry` has passed with no final certificate (`backup_overdue`: a backup is kept past
+//! its retention, or `lethe backups check` has not run since), each raised once per condition
+//! and again when the condition changes (due soon, then overdue; blocked again after a resume).
 //!
 //! An alert is journaled (`Entry::AlertRaised`) before it is sent, and the alerts already
 //! journaled are read back when the server starts: a restart neither repeats nor loses one.
@@ -29,7 +31,7 @@ const TRIES: u32 = 5;
 
 /// One alert to raise.
 struct Alert {
-    /// `deadline`, `blocked`, `residue` or `anomaly`.
+    /// `deadline`, `blocked`, `residue`, `anomaly` or `backup_overdue`.
     alert: &'static str,
     /// What is compared with the last alert raised for the job and family.
     condition: String,
@@ -45,10 +47,10 @@ impl Alert {
 }
 
 fn key(alert: &str, job_id: &str) -> String {
-    let family = if alert == "deadline" {
-        "deadline"
-    } else {
-        "block"
+    let family = match alert {
+        "deadline" => "deadline",
+        "backup_overdue" => "backup",
+        _ => "block",
     };
     format!("{family}:{job_id}")
 }
@@ -85,7 +87,8 @@ impl Alerts {
         let raised = raised.as_mut().expect("read above");
         let mut out = Vec::new();
         let mut bodies = Vec::new();
-        for a in conditions(jobs, now.date()) {
+        let settled = engine.journal().settled_jobs()?;
+        for a in conditions(jobs, now.date(), &settled) {
             let k = a.key();
             if raised.get(&k) == Some(&a.condition) {
                 continue;
@@ -143,9 +146,22 @@ fn journaled(engine: &Engine) -> Result<HashMap<String, String>, lethe_journal::
     }
 }
 
-/// What the jobs call for now.
-fn conditions(jobs: &[JobRecord], today: time::Date) -> Vec<Alert> {
+/// What the jobs call for now. `settled`: the jobs whose backups expired (final certificate).
+fn conditions(
+    jobs: &[JobRecord],
+    today: time::Date,
+    settled: &std::collections::HashSet<String>,
+) -> Vec<Alert> {
     let mut out = Vec::new();
+    for j in jobs.iter().filter(|j| j.state == JobState::Complete) {
+        if let Some(expiry) = backup_overdue(j, today).filter(|_| !settled.contains(&j.job_id)) {
+            out.push(Alert {
+                alert: "backup_overdue",
+                condition: format!("expired:{expiry}"),
+                job: j.clone(),
+            });
+        }
+    }
     for j in jobs.iter().filter(|j| j.state != JobState::Complete) {
         if let Some(left) = days_left(&j.deadline, today).filter(|d| *d <= DUE_SOON_DAYS) {
             out.push(Alert {
@@ -175,6 +191,23 @@ fn conditions(jobs: &[JobRecord], today: time::Date) -> Vec<Alert> {
     out
 }
 
+/// A COMPLETE job's backup expiry, when it has passed while a backup target still says
+/// `PENDING_EXPIRY` on its certificate (`artifacts` set: a backup target's line).
+fn backup_overdue(j: &JobRecord, today: time::Date) -> Option<String> {
+    let c = j.certificate.as_ref()?;
+    let expiry = c["backup_expiry"].as_str()?;
+    let day = time::Date::parse(
+        expiry,
+        &time::macros::format_description!("[year]-[month]-[day]"),
+    )
+    .ok()?;
+    let waiting = c["targets"]
+        .as_object()?
+        .values()
+        .any(|t| t["status"] == "PENDING_EXPIRY" && t["artifacts"].is_u64());
+    (waiting && day < today).then(|| expiry.to_string())
+}
+
 /// The webhook's body: ids, hashes, states and reasons only.
 fn body(a: &Alert, today: time::Date, at: &str, seq: i64) -> Vec<u8> {
     let j = &a.job;
@@ -189,6 +222,7 @@ fn body(a: &Alert, today: time::Date, at: &str, seq: i64) -> Vec<u8> {
         "deadline": j.deadline,
         "days_left": days_left(&j.deadline, today),
         "condition": a.condition,
+        "backup_expiry": j.certificate.as_ref().map(|c| c["backup_expiry"].clone()),
         "raised_at": at,
     });
     serde_json::to_vec(&v).expect("JSON of plain values")

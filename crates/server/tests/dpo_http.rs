@@ -35,15 +35,22 @@ struct Env {
 
 impl Env {
     fn new(postgres: bool, dpo: Dpo) -> Self {
+        Self::with(postgres, dpo, "", |_| {})
+    }
+
+    /// As [`Env::new`], with `extra` config lines after the demo's targets, and `prepare` run
+    /// on the folder before the server starts.
+    fn with(postgres: bool, dpo: Dpo, extra: &str, prepare: impl FnOnce(&Path)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         lethe_test_support::copy_memory(dir.path());
+        prepare(dir.path());
         let journal = if postgres {
             lethe_test_support::new_database("lethe_dpo").1
         } else {
             format!("sqlite:{}", dir.path().join("journal.db").display())
         };
         let config = format!(
-            "[control]\njournal = \"{journal}\"\npolicy_version = \"test-1\"\n\n{}",
+            "[control]\njournal = \"{journal}\"\npolicy_version = \"test-1\"\n\n{}\n{extra}",
             lethe_test_support::TARGETS
         );
         let cfg = Config::parse(&config, dir.path(), "test").unwrap();
@@ -709,4 +716,81 @@ fn a_failed_delivery_is_retried_with_backoff_and_raised_once() {
         1.0
     );
     rt.release_permit(permit).unwrap();
+}
+
+/// A completed job whose backup is kept past its retention (an artifact taken 40 days ago,
+/// kept 35) raises one `backup_overdue` alert, signed, naming no one; a final certificate
+/// would have settled it.
+#[test]
+fn a_backup_kept_past_its_retention_raises_one_alert() {
+    let (url, alerts) = receiver(0);
+    let env = Env::with(
+        false,
+        Dpo {
+            webhooks: vec![Webhook {
+                url,
+                secret: HOOK_SECRET.to_vec(),
+            }],
+            watch_every: Duration::from_millis(50),
+            alert_backoff: Duration::from_millis(50),
+            ..Dpo::default()
+        },
+        "[[target]]\nname = \"nightly\"\nkind = \"backup-files\"\nclass = \"backup\"\n\
+         path = \"backups\"\nretention_days = 35\ncovers = [\"checkpoints\"]\n",
+        |dir| {
+            std::fs::create_dir(dir.join("backups")).unwrap();
+            let f = dir.join("backups/old.dump");
+            std::fs::write(&f, b"a dump").unwrap();
+            // A file's time is the system's: what the server compares it with.
+            #[allow(clippy::disallowed_methods)]
+            let old = std::time::SystemTime::now() - Duration::from_secs(40 * 86_400);
+            std::fs::File::options()
+                .write(true)
+                .open(&f)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        },
+    );
+    let op = Client::new(&env.addr, OPERATOR);
+    let job = op
+        .call(
+            "POST",
+            "/v1/jobs",
+            Some(&json!({"tenant": "acme", "subject": "alice", "basis": "gdpr-art17", "ticket": "T-B"})),
+        )
+        .unwrap();
+    let id = job["job_id"].as_str().unwrap().to_string();
+    let done = env.wait_job(&id, |v| v["state"] == "COMPLETE");
+    assert_eq!(
+        done["certificate"]["targets"]["nightly"]["status"], "PENDING_EXPIRY",
+        "{done}"
+    );
+    let (_, body) = loop {
+        let got = alerts.recv_timeout(Duration::from_secs(30)).unwrap();
+        let v: Value = serde_json::from_slice(&got.1).unwrap();
+        if v["alert"] == "backup_overdue" {
+            break got;
+        }
+    };
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["job_id"], id.as_str());
+    assert_eq!(v["backup_expiry"], done["certificate"]["backup_expiry"]);
+    let text = String::from_utf8(body).unwrap();
+    for who in ["alice", "acme", "old.dump"] {
+        assert!(!text.contains(who), "{who} in {text}");
+    }
+    let runs = |t: &str| sample(t, "lethe_watch_runs_total", None);
+    let start = runs(&env.metrics());
+    while runs(&env.metrics()) < start + 10.0 {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        sample(
+            &env.metrics(),
+            "lethe_alerts_total",
+            Some(("alert", "backup_overdue"))
+        ),
+        1.0
+    );
 }
