@@ -447,6 +447,18 @@ pub trait Adapter: Send + Sync {
     /// Counts what the target holds for the scope, hidden rows included. Read-only.
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError>;
 
+    /// As [`Adapter::inventory`], knowing the locators runtimes recorded by lineage for this
+    /// target (every subject's, as recorded): a derived store whose other entries have no owner
+    /// (a node cache's legacy entries) counts these as owned. The engine adds the scope's own
+    /// among them afterwards ([`Adapter::artifact`]). Default: `inventory`.
+    fn inventory_owned(
+        &self,
+        scope: &Scope,
+        _recorded: &[String],
+    ) -> Result<Inventory, AdapterError> {
+        self.inventory(scope)
+    }
+
     /// Erases the rows of these frozen locators, in one transaction where the store has them.
     /// Deletes nothing outside the locators; if the deletes would remove more rows than the
     /// locators account for, rolls back and returns [`AdapterError::AnomalousVolume`].

@@ -132,3 +132,108 @@ fn an_edge_from_standard_input_is_followed_and_bad_ones_touch_nothing() {
         "alice's edges and the link are dropped, bob's kept"
     );
 }
+
+/// A node-cache entry recorded by lineage alone (no subject index) is owned, not legacy: with
+/// `legacy = "refuse"` a memory erasure takes exactly the entry derived from that memory and
+/// completes; another subject's entry, and the one from another memory, stay byte for byte.
+#[test]
+fn a_cache_entry_recorded_by_lineage_alone_is_not_legacy() {
+    let url = std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = format!("lethe-test:lgc-lin:{}:", std::process::id());
+    std::fs::write(
+        dir.path().join("lethe.toml"),
+        format!(
+            "[control]\njournal = \"sqlite:journal.db\"\n\n[[target]]\nname = \"node-cache\"\n\
+             kind = \"langgraph-redis-cache\"\nclass = \"cache\"\nurl = \"{url}\"\ndb = 9\n\
+             prefix = \"{prefix}\"\nindex = \"lethe-test:lgc-lin-idx:{}:{{tenant}}:{{subject}}\"\n\
+             legacy = \"refuse\"\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let redis = |args: &[&str]| {
+        let port = url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .trim_end_matches('/')
+            .to_string();
+        let o = Command::new("redis-cli")
+            .args(["-p", &port, "-n", "9"])
+            .args(args)
+            .output()
+            .expect("redis-cli on the PATH");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let keys = [
+        (
+            format!("{prefix}summarize:h1"),
+            "alice",
+            "m1",
+            "alice's tea, summarized",
+        ),
+        (
+            format!("{prefix}summarize:h2"),
+            "alice",
+            "m2",
+            "alice's city, summarized",
+        ),
+        (
+            format!("{prefix}summarize:h3"),
+            "bob",
+            "m1",
+            "bob's coffee, summarized",
+        ),
+    ];
+    for (k, subject, memory, value) in &keys {
+        redis(&["SET", k, value]);
+        let edge = format!(
+            r#"{{"tenant": "acme", "subject": "{subject}", "target": "node-cache", "locator": "{k}", "from": [{{"memory_id": "{memory}"}}]}}"#
+        );
+        let o = lethe(dir.path(), &["lineage", "add", "-"], &edge);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = lethe(
+        dir.path(),
+        &[
+            "erase",
+            "--tenant",
+            "acme",
+            "--subject",
+            "alice",
+            "--memory",
+            "m1",
+            "--version",
+            "v1",
+            "--basis",
+            "gdpr-art17",
+            "--ticket",
+            "T-C",
+            "--json",
+        ],
+        "",
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        out["certificate"]["targets"]["node-cache"]["count"], 1,
+        "{out}"
+    );
+    assert_eq!(redis(&["EXISTS", &keys[0].0]), "0");
+    assert_eq!(redis(&["GET", &keys[1].0]), keys[1].3);
+    assert_eq!(redis(&["GET", &keys[2].0]), keys[2].3);
+    for (k, ..) in &keys {
+        redis(&["DEL", k]);
+    }
+}

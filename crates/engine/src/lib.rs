@@ -569,15 +569,26 @@ impl Engine {
         // Every applicable target at once; the first failure in configuration order is the
         // one reported.
         let work: Vec<_> = self.targets.iter().zip(applies).collect();
+        // What lineage records for each target that takes it: owned, not legacy.
+        let mut owned = std::collections::HashMap::new();
+        for t in self.targets.iter().filter(|t| t.adapter.takes_lineage()) {
+            owned.insert(
+                t.name.clone(),
+                self.journal.lineage_target_locators(&t.name)?,
+            );
+        }
         let counts = at_once(&work, |(t, a)| match a {
             Applicability::Exempt(why) => Ok(TargetCount {
                 count: 0,
                 exempt: Some(why.clone()),
             }),
-            Applicability::Applies => t.adapter.inventory(scope).map(|i| TargetCount {
-                count: i.count,
-                exempt: None,
-            }),
+            Applicability::Applies => t
+                .adapter
+                .inventory_owned(scope, owned.get(&t.name).map_or(&[][..], Vec::as_slice))
+                .map(|i| TargetCount {
+                    count: i.count,
+                    exempt: None,
+                }),
         });
         let mut out = Vec::new();
         for ((t, _), c) in work.iter().zip(counts) {

@@ -98,6 +98,22 @@ impl Journal {
             .collect())
     }
 
+    /// Every locator recorded for `target`, whoever's: what a derived store counts as owned.
+    pub fn lineage_target_locators(&self, target: &str) -> Result<Vec<String>> {
+        self.read(|tx| {
+            Ok(tx
+                .rows(
+                    "SELECT locator FROM lineage WHERE target = $1 \
+                     UNION SELECT locator FROM lineage_links WHERE target = $1",
+                    &[target.into()],
+                )
+                .map_err(db)?
+                .iter()
+                .map(|r| r[0].text())
+                .collect())
+        })
+    }
+
     /// Drops the edges and links of every artifact `scope` reaches, after a job erased them:
     /// what they name is gone, and their identifiers need not stay. Returns edges dropped.
     pub fn drop_lineage(&self, scope: &Scope) -> Result<u64> {

@@ -397,6 +397,12 @@ impl Adapter for NodeCache {
     }
 
     fn inventory(&self, scope: &Scope) -> Result<Inventory, AdapterError> {
+        self.inventory_owned(scope, &[])
+    }
+
+    /// Keys recorded by lineage (`recorded`, every subject's) have an owner: they are not
+    /// legacy, and the engine adds the scope's own among them to the inventory.
+    fn inventory_owned(&self, scope: &Scope, recorded: &[String]) -> Result<Inventory, AdapterError> {
         let mut nodes = self.lock();
         let found = self.found(&mut nodes, scope)?;
         let mut locators: Vec<Locator> = found
@@ -409,7 +415,10 @@ impl Adapter for NodeCache {
                 locators.push((hex_locator("z:", set), 1));
             }
         }
-        let legacy = self.legacy_entries(&mut nodes)?;
+        let mut legacy = self.legacy_entries(&mut nodes)?;
+        for r in recorded {
+            legacy.remove(r.as_bytes());
+        }
         if !legacy.is_empty() {
             match self.legacy {
                 Legacy::Refuse => {

@@ -112,8 +112,9 @@ impl Run<'_> {
         job: &JobRecord,
         scope: &Scope,
         t: &Target,
+        owned: &[String],
     ) -> Result<lethe_adapters::Inventory, AdapterError> {
-        let mut inv = t.adapter.inventory(scope)?;
+        let mut inv = t.adapter.inventory_owned(scope, owned)?;
         pause_point!(self, "after-inventory-read:{}", t.name);
         let Some(g) = t.adapter.guard() else {
             return Ok(inv);
@@ -125,7 +126,7 @@ impl Run<'_> {
                 return Ok(inv);
             }
             recorded.extend(inv.locators.iter().map(|(l, _)| l.clone()));
-            let again = t.adapter.inventory(scope)?;
+            let again = t.adapter.inventory_owned(scope, owned)?;
             let settled = again.locators.iter().all(|(l, _)| recorded.contains(l));
             if again.count != inv.count {
                 tracing::warn!(job = %job.job_id, target = %t.name, before = inv.count, after = again.count, "Rows of the scope were written while the inventory was taken; the guard refuses more.");
@@ -197,7 +198,13 @@ impl Run<'_> {
                 };
                 (0, Vec::new(), event)
             }
-            Applicability::Applies => match self.inventory_guarded(job, scope, t) {
+            Applicability::Applies => match self.inventory_guarded(job, scope, t, &{
+                if t.adapter.takes_lineage() {
+                    self.journal.lineage_target_locators(&t.name)?
+                } else {
+                    Vec::new()
+                }
+            }) {
                 Ok(mut inv) => {
                     if let Some(e) = self.add_lineage(scope, t, &mut inv)? {
                         return Ok(Some(e));
