@@ -84,6 +84,7 @@ pub(crate) fn router(state: State) -> Router {
         .route("/v1/lineage", post(record_lineage))
         .route("/v1/keys", post(data_key))
         .route("/v1/jobs", post(create_job).get(list_jobs))
+        .route("/v1/jobs/batch", post(create_jobs))
         .route("/v1/jobs/{job_id}", get(job))
         .route("/v1/jobs/{job_id}/resume", post(resume_job))
         .merge(crate::requests::routes())
@@ -950,6 +951,123 @@ async fn create_job(
         StatusCode::ACCEPTED,
         Json(json!({"job_id": job_id, "state": state_now, "continued": !created})),
     ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchJson {
+    jobs: Vec<lethe_core::Object<JobJson>>,
+    drain_timeout_s: Option<u64>,
+}
+
+/// The most jobs one batch request creates.
+const MAX_BATCH_JOBS: usize = 10_000;
+
+/// A backlog at once (`lethe erase --batch` over HTTP): every entry is checked first (a bad
+/// one answers 400 naming its index, and no job is created); then each scope becomes its own
+/// job, as `POST /v1/jobs` makes it, and one thread runs them one after another. 202 with one
+/// `{index, job_id, state, continued, held}` per entry; a held job stays REQUESTED, not run.
+async fn create_jobs(
+    AxState(state): AxState<State>,
+    headers: HeaderMap,
+    b: Result<Object<BatchJson>, ApiError>,
+) -> Result<impl IntoResponse, ApiError> {
+    authorize(&state, &headers, Need::RunJobs)?;
+    if state.require_approval {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "approval_required",
+            "[serve] require_approval is on: every job comes from a request \
+             (POST /v1/requests) that another token approves (POST /v1/requests/{id}/approve)",
+        ));
+    }
+    let b = body(b)?;
+    if b.jobs.is_empty() || b.jobs.len() > MAX_BATCH_JOBS {
+        return Err(ApiError::bad_request(format!(
+            "jobs must list 1 to {MAX_BATCH_JOBS} scopes"
+        )));
+    }
+    let opts = RunOptions {
+        drain_timeout: drain_timeout(b.drain_timeout_s)?,
+        ..RunOptions::default()
+    };
+    let mut reqs = Vec::with_capacity(b.jobs.len());
+    let mut seen = std::collections::HashSet::new();
+    for (i, lethe_core::Object(j)) in b.jobs.into_iter().enumerate() {
+        let at = |e: ApiError| ApiError::bad_request(format!("jobs[{i}]: {}", e.message));
+        let scope = scope_of(&j).map_err(at)?;
+        let basis: Basis = j
+            .basis
+            .parse()
+            .map_err(|e: String| ApiError::bad_request(format!("jobs[{i}]: {e}")))?;
+        if j.deadline.is_some() || j.extension_reason.is_some() || j.drain_timeout_s.is_some() {
+            return Err(ApiError::bad_request(format!(
+                "jobs[{i}]: a batch takes each basis's own deadline and the batch's \
+                 drain_timeout_s: leave deadline, extension_reason and drain_timeout_s out"
+            )));
+        }
+        if j.ticket.trim().is_empty()
+            || j.ticket.len() > 256
+            || j.ticket.chars().any(char::is_control)
+        {
+            return Err(ApiError::bad_request(format!(
+                "jobs[{i}]: `ticket` must be a non-empty reference of at most 256 bytes without \
+                 control characters"
+            )));
+        }
+        // The same scope twice would be one job certified twice.
+        if !seen.insert(scope.hash(&state.engine.key().scope_key()).to_string()) {
+            return Err(ApiError::bad_request(format!(
+                "jobs[{i}]: the same scope as an earlier entry"
+            )));
+        }
+        reqs.push(Request {
+            scope,
+            basis,
+            ticket: j.ticket,
+            deadline: None,
+            extension_reason: None,
+        });
+    }
+    let engine = Arc::clone(&state.engine);
+    let out = tokio::task::spawn_blocking(move || {
+        // Every request is checked before any job exists.
+        for r in &reqs {
+            engine.check_scope(&r.scope)?;
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut run = Vec::new();
+        for (i, req) in reqs.into_iter().enumerate() {
+            let (job_id, created) = engine.request(req)?;
+            let held = matches!(
+                engine.refuse_if_held(&job_id),
+                Err(EngineError::Held { .. })
+            );
+            let state_now = engine.outcome(&job_id)?.state;
+            if !held {
+                run.push(job_id.clone());
+            }
+            out.push(json!({"index": i, "job_id": job_id, "state": state_now,
+                            "continued": !created, "held": held}));
+        }
+        let engine = Arc::clone(&**engine);
+        std::thread::Builder::new()
+            .name("lethe-batch".into())
+            .spawn(move || {
+                for job_id in run {
+                    match engine.resume(&job_id, &opts, &mut |_| {}) {
+                        Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
+                        Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+                    }
+                }
+            })
+            .map_err(EngineError::Io)?;
+        Ok::<_, EngineError>(out)
+    })
+    .await
+    .map_err(|_| ApiError::unavailable())?
+    .map_err(engine_error)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "jobs": out }))))
 }
 
 /// Runs a job on its own thread; its progress is in the journal (GET /v1/jobs/{id}).

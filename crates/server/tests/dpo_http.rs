@@ -794,3 +794,67 @@ fn a_backup_kept_past_its_retention_raises_one_alert() {
         1.0
     );
 }
+
+/// `POST /v1/jobs/batch`: every entry checked before any job exists; then each scope its own
+/// job and certificate, run one after another; a held scope stays REQUESTED.
+#[test]
+fn a_batch_makes_one_job_a_scope_and_a_bad_entry_makes_none() {
+    let env = Env::new(false, Dpo::default());
+    let (op, appr) = (
+        Client::new(&env.addr, OPERATOR),
+        Client::new(&env.addr, APPROVER),
+    );
+    let job = |subject: &str| json!({"tenant": "acme", "subject": subject, "basis": "gdpr-art17", "ticket": "T-BATCH"});
+    let jobs_now = |op: &Client| {
+        op.call("GET", "/v1/jobs", None)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    for (bad, says) in [
+        (json!({"jobs": [job("alice"), job("")]}), "jobs[1]"),
+        (
+            json!({"jobs": [job("alice"), job("alice")]}),
+            "the same scope",
+        ),
+        (
+            json!({"jobs": [job("alice"), {"tenant": "acme", "subject": "bob", "basis": "nope", "ticket": "T"}]}),
+            "jobs[1]",
+        ),
+        (json!({"jobs": []}), "1 to 10000"),
+    ] {
+        let (status, code, message) = refused(&op, "POST", "/v1/jobs/batch", Some(&bad));
+        assert_eq!((status, code.as_str()), (400, "bad_request"), "{message}");
+        assert!(message.contains(says), "{message}");
+        assert!(!message.contains("alice"), "{message}");
+    }
+    assert_eq!(jobs_now(&op), 0, "no job made by a refused batch");
+    appr.call(
+        "POST",
+        "/v1/holds",
+        Some(&json!({"tenant": "acme", "subject": "carol", "reason": "MATTER-2"})),
+    )
+    .unwrap();
+    let out = op
+        .call(
+            "POST",
+            "/v1/jobs/batch",
+            Some(&json!({"jobs": [job("alice"), job("bob"), job("carol")]})),
+        )
+        .unwrap();
+    let entries = out["jobs"].as_array().unwrap();
+    assert_eq!(entries.len(), 3);
+    assert_eq!(entries[2]["held"], true);
+    assert_eq!(entries[2]["state"], "REQUESTED");
+    for e in &entries[..2] {
+        assert_eq!(e["held"], false);
+        let done = env.wait_job(e["job_id"].as_str().unwrap(), |v| v["state"] == "COMPLETE");
+        assert!(done["certificate"]["signature"].is_string());
+    }
+    assert_ne!(entries[0]["job_id"], entries[1]["job_id"]);
+    assert_eq!(
+        op.job(entries[2]["job_id"].as_str().unwrap()).unwrap()["state"],
+        "REQUESTED"
+    );
+}
