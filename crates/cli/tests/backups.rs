@@ -99,6 +99,11 @@ impl Env {
     }
 }
 
+/// Every row of bob and carol, byte for byte: what every erase here must leave as it was.
+fn others(env: &Env) -> Vec<String> {
+    lethe_test_support::rows_except(env.path(), &["alice"])
+}
+
 /// The day a file's time plus `days` falls on, in UTC, as certificates write dates.
 fn day_after(t: SystemTime, days: u64) -> String {
     (time::OffsetDateTime::from(t) + time::Duration::days(days as i64))
@@ -112,8 +117,10 @@ fn pending_expiry_dates_come_from_the_artifacts_and_the_final_certificate_follow
     let old = env.artifact("2026-old.dump", 40); // past its 35 days
     let recent = env.artifact("2026-recent.dump", 2);
     env.artifact("notes.txt", 1); // not matched by the pattern
+    let before = others(&env);
     let (code, out) = env.erase("alice");
     assert_eq!(code, 0, "{out}");
+    assert_eq!(others(&env), before, "every other subject kept its rows");
     let job = out["job_id"].as_str().unwrap().to_string();
     let cert = &out["certificate"];
     let line = &cert["targets"]["nightly"];
@@ -204,8 +211,10 @@ fn pending_expiry_dates_come_from_the_artifacts_and_the_final_certificate_follow
 #[test]
 fn a_job_completed_with_no_artifact_taken_before_it_waits_for_nothing() {
     let env = Env::new("");
+    let before = others(&env);
     let (code, out) = env.erase("alice");
     assert_eq!(code, 0, "{out}");
+    assert_eq!(others(&env), before, "every other subject kept its rows");
     let line = &out["certificate"]["targets"]["nightly"];
     assert_eq!(line["status"], "DONE", "{out}");
     assert_eq!(line["artifacts"], 0);
@@ -278,8 +287,10 @@ fn bad_covers_touch_nothing_and_an_unreadable_backup_folder_blocks_the_job_until
     assert_eq!(out["blocked_reason"], "target_unavailable", "{out}");
     std::fs::rename(env.path().join("away"), env.path().join("backups")).unwrap();
     let job = out["job_id"].as_str().unwrap();
+    let before = others(&env);
     let (code, out) = env.json(&["resume", job, "--json"]);
     assert_eq!(code, 0, "{out}");
+    assert_eq!(others(&env), before, "every other subject kept its rows");
     assert_eq!(out["state"], "COMPLETE");
     assert_eq!(out["certificate"]["targets"]["nightly"]["status"], "DONE");
 }
@@ -321,8 +332,10 @@ fn a_subject_key_is_given_only_under_a_live_lease_and_its_erasure_shreds_the_bac
     assert_eq!(engine.data_key(l, Some(&k.key_id)).unwrap().key, k.key);
     drop(engine);
 
+    let before = others(&env);
     let (code, out) = env.erase("alice");
     assert_eq!(code, 0, "{out}");
+    assert_eq!(others(&env), before, "every other subject kept its rows");
     let cert = &out["certificate"];
     assert_eq!(cert["keys_destroyed"], 1, "{cert}");
     assert_eq!(cert["targets"]["nightly"]["status"], "SHREDDED");

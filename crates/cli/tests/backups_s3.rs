@@ -167,8 +167,11 @@ fn pending_expiry_dates_come_from_the_objects_and_the_final_certificate_follows_
     let recent = env.object("nightly/2026-recent.dump", 2);
     env.object("nightly/notes.txt", 1); // not matched by the pattern
     env.object("weekly/2026-weekly.dump", 1); // not under the prefix
+    let others = || lethe_test_support::rows_except(env.path(), &["alice"]);
+    let before = others();
     let (code, out) = env.erase();
     assert_eq!(code, 0, "{out}");
+    assert_eq!(others(), before, "every other subject kept its rows");
     let job = out["job_id"].as_str().unwrap().to_string();
     let cert = &out["certificate"];
     let line = &cert["targets"]["nightly"];
@@ -251,9 +254,15 @@ fn an_endpoint_that_does_not_answer_blocks_the_job_until_it_does() {
         "covers = [\"checkpoints\"]\n",
     );
     let job = out["job_id"].as_str().unwrap();
+    let before = lethe_test_support::rows_except(env.path(), &["alice"]);
     let (code, out) = env.json(&["resume", job, "--json"]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(out["state"], "COMPLETE");
+    assert_eq!(
+        lethe_test_support::rows_except(env.path(), &["alice"]),
+        before,
+        "every other subject kept its rows"
+    );
     let line = &out["certificate"]["targets"]["nightly"];
     assert_eq!(line["status"], "PENDING_EXPIRY", "{out}");
     assert_eq!(line["expires"], day_after(recent, 35));

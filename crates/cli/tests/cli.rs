@@ -127,54 +127,9 @@ impl Env {
         self.rows_except(&["alice"])
     }
 
-    /// Every row of the fixture's subjects but `erased`, byte for byte (as `others_rows`).
+    /// Every row of the fixture's subjects but `erased` ([`lethe_test_support::rows_except`]).
     fn rows_except(&self, erased: &[&str]) -> Vec<String> {
-        let manifest: Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../tests/fixtures/langgraph-sqlite/manifest.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
-        let mut out = Vec::new();
-        let cp = rusqlite::Connection::open(self.path().join("memory/checkpoints.db")).unwrap();
-        let st = rusqlite::Connection::open(self.path().join("memory/store.db")).unwrap();
-        let app = rusqlite::Connection::open(self.path().join("memory/app.db")).unwrap();
-        for s in manifest["subjects"].as_array().unwrap() {
-            let (t, u) = (
-                s["tenant_id"].as_str().unwrap(),
-                s["user_id"].as_str().unwrap(),
-            );
-            if erased.contains(&u) {
-                continue;
-            }
-            for th in s["threads"].as_array().unwrap() {
-                let th = th["thread_id"].as_str().unwrap();
-                for (table, cols) in [("checkpoints", "quote(checkpoint_ns)||quote(checkpoint_id)||quote(parent_checkpoint_id)||quote(type)||quote(checkpoint)||quote(metadata)"), ("writes", "quote(checkpoint_ns)||quote(checkpoint_id)||quote(task_id)||quote(idx)||quote(channel)||quote(type)||quote(value)")] {
-                    let mut stmt = cp.prepare(&format!("SELECT {cols} FROM {table} WHERE thread_id = ?1 ORDER BY rowid")).unwrap();
-                    out.extend(stmt.query_map([th], |r| r.get::<_, String>(0)).unwrap().map(|r| format!("{table}:{th}:{}", r.unwrap())));
-                }
-            }
-            let mut stmt = app.prepare("SELECT quote(thread_id) FROM thread_registry WHERE tenant_id = ?1 AND user_id = ?2 ORDER BY rowid").unwrap();
-            out.extend(
-                stmt.query_map([t, u], |r| r.get::<_, String>(0))
-                    .unwrap()
-                    .map(|r| r.unwrap()),
-            );
-            let p = format!("{t}.{u}");
-            for (table, cols) in [("store", "quote(prefix)||quote(key)||quote(value)||quote(created_at)||quote(updated_at)||quote(expires_at)||quote(ttl_minutes)"), ("store_vectors", "quote(prefix)||quote(key)||quote(field_name)||quote(embedding)")] {
-                let mut stmt = st.prepare(&format!("SELECT {cols} FROM {table} WHERE prefix = ?1 OR substr(prefix, 1, length(?1) + 1) = ?1 || '.' ORDER BY rowid")).unwrap();
-                out.extend(stmt.query_map([&p], |r| r.get::<_, String>(0)).unwrap().map(|r| r.unwrap()));
-            }
-        }
-        // bob and carol hold over 100 rows; bob alone over 10.
-        let least = if erased.len() == 1 { 100 } else { 10 };
-        assert!(
-            out.len() > least,
-            "the oracle sees the other subjects' rows"
-        );
-        out
+        lethe_test_support::rows_except(self.path(), erased)
     }
 }
 

@@ -357,9 +357,13 @@ impl Run<'_> {
         // Crypto-shredding: the scope's data keys go first, in one journaled step, so every
         // copy written under them (backups included) is unreadable before any target is
         // erased. Idempotent: a resumed job finds none left.
-        let destroyed = self
-            .journal
-            .destroy_keys(&self.now_rfc3339(), &job.job_id, &job.scope)?;
+        // Without `[keys]` no key is given out: no write transaction on every job's path.
+        let destroyed = match self.kek {
+            Some(_) => self
+                .journal
+                .destroy_keys(&self.now_rfc3339(), &job.job_id, &job.scope)?,
+            None => 0,
+        };
         if destroyed > 0 {
             tracing::info!(job = %job.job_id, keys = destroyed, "Data keys destroyed (crypto-shredding).");
         }
