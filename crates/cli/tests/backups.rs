@@ -3,8 +3,10 @@
 //! retention and the jobs still waiting, and once the artifacts a job waited for are deleted it
 //! issues the job's final certificate, which verifies, while the first is kept.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
@@ -62,25 +64,11 @@ impl Env {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_lethe"))
-            .arg("--config")
-            .arg(self.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG")
-            .output()
-            .unwrap()
+        common::run(self.path(), args)
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = self.run(args);
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "not JSON: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap(), v)
+        common::json(self.path(), args)
     }
 
     fn erase(&self, subject: &str) -> (i32, Value) {

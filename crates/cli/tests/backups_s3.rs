@@ -9,8 +9,10 @@
 //! as a folder there, writes its objects as files and dates them by their modification time,
 //! which s3s-fs answers as `LastModified` (signed uploads are tested in the adapter's tests).
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -109,25 +111,11 @@ impl Env {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_lethe"))
-            .arg("--config")
-            .arg(self.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG")
-            .output()
-            .unwrap()
+        common::run(self.path(), args)
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = self.run(args);
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "not JSON: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap(), v)
+        common::json(self.path(), args)
     }
 
     const ERASE: [&'static str; 10] = [

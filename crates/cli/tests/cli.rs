@@ -2,6 +2,8 @@
 //! exit codes, bad input touching nothing, legal holds, crashes at chosen points, the drain rule,
 //! certificates, and no identifier in any log line or certificate.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -46,28 +48,15 @@ impl Env {
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
-        c.arg("--config")
-            .arg(self.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG");
-        c
+        common::lethe(self.path(), args)
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
+        common::run(self.path(), args)
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = self.run(args);
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "not JSON: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap(), v)
+        common::json(self.path(), args)
     }
 
     /// Every memory file's bytes.

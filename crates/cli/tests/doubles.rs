@@ -3,8 +3,9 @@
 //! the job BLOCKED naming the target, with every other subject's data kept byte for byte, and a
 //! rerun once the store has caught up completes it.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use lethe_adapters::langsmith::double as ls;
 use lethe_adapters::opensearch::double as os;
@@ -34,21 +35,7 @@ impl Env {
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = Command::new(env!("CARGO_BIN_EXE_lethe"))
-            .arg("--config")
-            .arg(self.dir.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG")
-            .output()
-            .unwrap();
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "not JSON: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap(), v)
+        common::json(self.dir.path(), args)
     }
 
     fn append(&self, text: &str) {

@@ -3,8 +3,10 @@
 //! Chroma keeps an erased document's add in its write log (`embeddings_queue` in
 //! `chroma.sqlite3`), so a target given its `path` is certified `PENDING` with the remedy.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{json, Value};
@@ -126,25 +128,11 @@ impl Env {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_lethe"))
-            .arg("--config")
-            .arg(self.dir.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG")
-            .output()
-            .unwrap()
+        common::run(self.dir.path(), args)
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = self.run(args);
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "not JSON: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap(), v)
+        common::json(self.dir.path(), args)
     }
 }
 

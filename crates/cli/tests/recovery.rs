@@ -9,6 +9,8 @@
 //! LETHE_PG_TEMPLATE), `pg_dump`/`pg_restore` of the same major version, and `redis-server` and
 //! `redis-cli` on the PATH.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -234,28 +236,15 @@ covers = ["checkpoints", "memories", "cache"]
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_lethe"));
-        c.arg("--config")
-            .arg(self.path().join("lethe.toml"))
-            .args(args)
-            .env_remove("LETHE_LOG");
-        c
+        common::lethe(self.path(), args)
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
+        common::run(self.path(), args)
     }
 
     fn json(&self, args: &[&str]) -> (i32, Value) {
-        let out = self.run(args);
-        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "not JSON: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap(), v)
+        common::json(self.path(), args)
     }
 
     /// A lease for acme/`subject` through the journal, as a runtime's gate call would take it.
