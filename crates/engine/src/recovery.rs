@@ -99,7 +99,8 @@ impl Engine {
             scopes: replays.len(),
             resumed,
         });
-        self.recovery_pause(opts, "recovery-fenced");
+        #[cfg(feature = "test-pause")]
+        self.pause_at(opts.pause_at.as_ref(), "recovery-fenced");
         let mut lines = Vec::with_capacity(replays.len());
         let mut erased_total = 0;
         // Time spent in the target's calls, to tell Lethe's own work from the store's.
@@ -120,7 +121,8 @@ impl Engine {
                 total: replays.len(),
             });
             if n == 0 {
-                self.recovery_pause(opts, "recovery-after-first-scope");
+                #[cfg(feature = "test-pause")]
+                self.pause_at(opts.pause_at.as_ref(), "recovery-after-first-scope");
             }
         }
         let d = t.adapter.describe();
@@ -273,17 +275,5 @@ impl Engine {
             timed(&mut || g.open(&fence).map(u64::from))?;
         }
         Ok((erased, spent))
-    }
-
-    fn recovery_pause(&self, _opts: &RecoveryOptions, _point: &str) {
-        #[cfg(feature = "test-pause")]
-        if let Some((at, marker)) = &_opts.pause_at {
-            if at == _point {
-                let _ = std::fs::write(marker, _point);
-                while std::path::Path::new(marker).exists() {
-                    self.clock.sleep(std::time::Duration::from_millis(10));
-                }
-            }
-        }
     }
 }

@@ -101,9 +101,17 @@ impl std::ops::Deref for Run<'_> {
 impl Run<'_> {
     #[cfg(feature = "test-pause")]
     fn pause_point(&self, point: &str) {
-        if let Some((at, marker)) = &self.opts.pause_at {
+        self.engine.pause_at(self.opts.pause_at.as_ref(), point);
+    }
+}
+
+impl Engine {
+    /// Test-only: at `point`, when `pause_at` names it, writes the marker file and hangs until
+    /// a test kills the process, or removes the marker to let it go on.
+    #[cfg(feature = "test-pause")]
+    pub(crate) fn pause_at(&self, pause_at: Option<&(String, std::path::PathBuf)>, point: &str) {
+        if let Some((at, marker)) = pause_at {
             if at == point {
-                // Hangs until a test kills the process, or removes the marker to let it go on.
                 let _ = std::fs::write(marker, point);
                 while std::path::Path::new(marker).exists() {
                     self.clock.sleep(std::time::Duration::from_millis(10));
