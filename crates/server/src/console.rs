@@ -229,6 +229,21 @@ fn actor(
     Ok((s, form))
 }
 
+/// A page's viewer (signed in, allowed `need`) and what `read` gets from the engine; or the
+/// answer instead: the sign-in page, a refusal, or a store that did not answer.
+async fn view<T: Send + 'static>(
+    state: &State,
+    headers: &HeaderMap,
+    need: Need,
+    read: impl FnOnce(&Engine) -> Result<T, EngineError> + Send + 'static,
+) -> Result<(Session, T), Response> {
+    let s = viewer(state, headers, need).map_err(IntoResponse::into_response)?;
+    let t = blocking(state, read)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    Ok((s, t))
+}
+
 async fn blocking<T: Send + 'static>(
     state: &State,
     f: impl FnOnce(&Engine) -> Result<T, EngineError> + Send + 'static,
@@ -416,13 +431,13 @@ fn csrf_field(s: &Session) -> Markup {
 }
 
 async fn inbox(AxState(state): AxState<State>, headers: HeaderMap) -> Response {
-    let s = match viewer(&state, &headers, Need::ReadRequests) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let all = match blocking(&state, |e| Ok(e.journal().requests()?)).await {
-        Ok(a) => a,
-        Err(r) => return r.into_response(),
+    let (s, all) = match view(&state, &headers, Need::ReadRequests, |e| {
+        Ok(e.journal().requests()?)
+    })
+    .await
+    {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let today = state.clock.now().date();
     let decide = Need::Decide.allows(s.role);
@@ -579,13 +594,13 @@ async fn reject(
 }
 
 async fn jobs(AxState(state): AxState<State>, headers: HeaderMap) -> Response {
-    let s = match viewer(&state, &headers, Need::ReadJobs) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let all = match blocking(&state, |e| Ok(e.journal().jobs()?)).await {
-        Ok(a) => a,
-        Err(r) => return r.into_response(),
+    let (s, all) = match view(&state, &headers, Need::ReadJobs, |e| {
+        Ok(e.journal().jobs()?)
+    })
+    .await
+    {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     let today = state.clock.now().date();
     let resume = Need::ResumeJobs.allows(s.role);
@@ -794,13 +809,13 @@ async fn certificate(
 }
 
 async fn holds(AxState(state): AxState<State>, headers: HeaderMap) -> Response {
-    let s = match viewer(&state, &headers, Need::Decide) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let all = match blocking(&state, |e| Ok(e.journal().holds()?)).await {
-        Ok(a) => a,
-        Err(r) => return r.into_response(),
+    let (s, all) = match view(&state, &headers, Need::Decide, |e| {
+        Ok(e.journal().holds()?)
+    })
+    .await
+    {
+        Ok(v) => v,
+        Err(r) => return r,
     };
     page(
         "Legal holds",
