@@ -511,7 +511,8 @@ fn metrics_move_as_a_scripted_run_says() {
 }
 
 /// One request a webhook received: its headers (names in lower case) and body.
-type Received = (Vec<(String, String)>, Vec<u8>);
+/// When a delivery arrived (taken on arrival, not when the test reads it), its headers, its body.
+type Received = (Instant, Vec<(String, String)>, Vec<u8>);
 
 /// A webhook receiver on a port of its own: every request's headers and body, sent on. The
 /// first `failures` requests are answered 503, the others 204.
@@ -522,6 +523,7 @@ fn receiver(failures: usize) -> (String, mpsc::Receiver<Received>) {
     std::thread::spawn(move || {
         for (n, conn) in listener.incoming().enumerate() {
             let mut conn = conn.unwrap();
+            let arrived = Instant::now();
             let mut r = BufReader::new(conn.try_clone().unwrap());
             let mut headers = Vec::new();
             let mut line = String::new();
@@ -548,7 +550,7 @@ fn receiver(failures: usize) -> (String, mpsc::Receiver<Received>) {
                 b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n"
             };
             conn.write_all(answer).unwrap();
-            if tx.send((headers, body)).is_err() {
+            if tx.send((arrived, headers, body)).is_err() {
                 return;
             }
         }
@@ -595,7 +597,7 @@ fn a_job_due_in_four_days_raises_one_signed_alert() {
         ),
     );
     assert_eq!((status, code.as_str()), (409, "held"));
-    let (headers, body) = alerts.recv_timeout(Duration::from_secs(30)).unwrap();
+    let (_, headers, body) = alerts.recv_timeout(Duration::from_secs(30)).unwrap();
     let header = |name: &str| {
         headers
             .iter()
@@ -671,8 +673,7 @@ fn a_failed_delivery_is_retried_with_backoff_and_raised_once() {
     env.wait_job(&job, |v| v["state"] == "BLOCKED");
     let mut got = Vec::new();
     for _ in 0..3 {
-        let (headers, body) = alerts.recv_timeout(Duration::from_secs(30)).unwrap();
-        got.push((Instant::now(), headers, body));
+        got.push(alerts.recv_timeout(Duration::from_secs(30)).unwrap());
     }
     let ids: Vec<Value> = got
         .iter()
@@ -766,9 +767,9 @@ fn a_backup_kept_past_its_retention_raises_one_alert() {
         done["certificate"]["targets"]["nightly"]["status"], "PENDING_EXPIRY",
         "{done}"
     );
-    let (_, body) = loop {
+    let (_, _, body) = loop {
         let got = alerts.recv_timeout(Duration::from_secs(30)).unwrap();
-        let v: Value = serde_json::from_slice(&got.1).unwrap();
+        let v: Value = serde_json::from_slice(&got.2).unwrap();
         if v["alert"] == "backup_overdue" {
             break got;
         }
