@@ -459,6 +459,20 @@ pub trait Adapter: Send + Sync {
         self.inventory(scope)
     }
 
+    /// [`Adapter::inventory`] of many scopes at once (a batch's), in their order, where the
+    /// store can serve them together: a Redis keyspace scan reads the keyspace once for every
+    /// scope's pattern instead of once each. Each result is what `inventory` would give for its
+    /// scope alone. Default: one `inventory` each.
+    fn inventory_many(&self, scopes: &[Scope]) -> Vec<Result<Inventory, AdapterError>> {
+        scopes.iter().map(|s| self.inventory(s)).collect()
+    }
+
+    /// [`Adapter::verify`] of many scopes at once, each with its frozen locators, in their
+    /// order, as [`Adapter::inventory_many`]. Default: one `verify` each.
+    fn verify_many(&self, work: &[(Scope, Vec<Locator>)]) -> Vec<Result<u64, AdapterError>> {
+        work.iter().map(|(s, f)| self.verify(s, f)).collect()
+    }
+
     /// Erases the rows of these frozen locators, in one transaction where the store has them.
     /// Deletes nothing outside the locators; if the deletes would remove more rows than the
     /// locators account for, rolls back and returns [`AdapterError::AnomalousVolume`].

@@ -49,6 +49,9 @@ pub(crate) fn progress_printer(to: ProgressTo) -> impl FnMut(Progress) {
             Progress::Verified { target, residue } => {
                 format!("     verified   {target}: {residue} left")
             }
+            Progress::Batch { step, done, total } => {
+                format!("  batch: {step:<12} {done}/{total} jobs")
+            }
         };
         match to {
             ProgressTo::Nowhere => {}

@@ -1656,6 +1656,97 @@ fn erase_batch_runs_each_scope_as_its_own_job() {
     );
 }
 
+/// A batch with a Redis target in scan mode: each scope its own job and certificate, the keys
+/// found by one shared pass each; a job that cannot drain (alice: a permit still open) is
+/// BLOCKED alone and erases nothing, the others complete; every other key (bob's, and those of
+/// subjects whose ids are prefixes or globs of the batch's) and every other row is kept byte
+/// for byte; alice then resumes alone.
+#[test]
+fn a_batch_shares_the_keyspace_pass_and_a_blocked_job_leaves_the_others_whole() {
+    let prefix = format!("ltbatch{}", std::process::id());
+    let config = CONFIG.replace("BATCH", "500")
+        + &format!(
+            "\n[[target]]\nname = \"session-cache\"\nkind = \"redis\"\nclass = \"cache\"\nurl = \"{}/9\"\npattern = \"{prefix}:{{tenant}}:{{subject}}:*\"\n",
+            std::env::var("LETHE_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+        );
+    let env = Env::with_config(&config);
+    let keys = |who: &str, n: usize| -> Vec<String> {
+        (0..n).map(|k| format!("{prefix}:{who}:{k}")).collect()
+    };
+    let kept: Vec<String> = ["acme:bob", "acme:al", "acme:a*", "globex:carolyn"]
+        .iter()
+        .flat_map(|who| keys(who, 3))
+        .collect();
+    for k in keys("acme:alice", 4)
+        .iter()
+        .chain(&keys("globex:carol", 5))
+        .chain(&keys("globex:dan", 2))
+        .chain(&kept)
+    {
+        redis_cmd(&["SET", k, &format!("value of {k}")]);
+    }
+    let rows = env.rows_except(&["alice", "carol"]);
+    let (journal, permit) = env.hold_permit(60, lethe_gate::Sink::State);
+    let file = env.path().join("batch.jsonl");
+    std::fs::write(
+        &file,
+        "{\"tenant\": \"acme\", \"subject\": \"alice\"}\n\
+         {\"tenant\": \"globex\", \"subject\": \"carol\"}\n\
+         {\"tenant\": \"globex\", \"subject\": \"dan\"}\n",
+    )
+    .unwrap();
+    let (c, out) = env.json(&[
+        "erase",
+        "--batch",
+        file.to_str().unwrap(),
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "B-2",
+        "--drain-timeout",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(c, 3, "the worst of the batch: one BLOCKED: {out}");
+    let v = out.as_array().unwrap();
+    assert_eq!(
+        (v[0]["state"].as_str(), v[0]["blocked_reason"].as_str()),
+        (Some("BLOCKED"), Some("undrained")),
+        "{out}"
+    );
+    for (j, n) in [(&v[1], 5), (&v[2], 2)] {
+        assert_eq!(j["state"], "COMPLETE", "{j}");
+        assert_eq!(
+            j["certificate"]["targets"]["session-cache"]["count"], n,
+            "{j}"
+        );
+    }
+    assert_ne!(v[1]["job_id"], v[2]["job_id"]);
+    for k in keys("globex:carol", 5).iter().chain(&keys("globex:dan", 2)) {
+        assert_eq!(redis_cmd(&["EXISTS", k]), ":0", "{k}");
+    }
+    for k in keys("acme:alice", 4).iter().chain(&kept) {
+        assert_eq!(redis_get(k), format!("value of {k}"), "{k} kept");
+    }
+    assert_eq!(
+        env.rows_except(&["alice", "carol"]),
+        rows,
+        "bob kept every row"
+    );
+    // Alice, blocked before anything was erased, still has every row.
+    assert_eq!(env.inventory("acme", "alice")["session-cache"]["count"], 4);
+    journal.release_permit(permit.id).unwrap();
+    let job = v[0]["job_id"].as_str().unwrap();
+    let (c, out) = env.json(&["resume", job, "--json"]);
+    assert_eq!((c, out["state"].as_str()), (0, Some("COMPLETE")), "{out}");
+    assert_eq!(out["certificate"]["targets"]["session-cache"]["count"], 4);
+    for k in &kept {
+        assert_eq!(redis_cmd(&["EXISTS", k]), ":1", "{k}");
+        redis_cmd(&["UNLINK", k]);
+    }
+    assert_eq!(code(&env.run(&["journal", "verify"])), 0);
+}
+
 /// The certificate is built from the job table and the inventory counts, so an edit of those
 /// (no hash to recompute) is caught by `journal verify`, and a runner refuses to sign it.
 #[test]
@@ -2448,6 +2539,32 @@ fn a_locked_store_blocks_the_job_and_resume_completes_it_once_the_lock_is_gone()
 fn redis_cmd(args: &[&str]) -> String {
     let hostport = standalone_redis();
     redis_at(&hostport, &[vec!["SELECT", "9"], args.to_vec()])
+}
+
+/// A string key's value in db 9, read whole ("" when the key does not exist).
+fn redis_get(key: &str) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut s = std::net::TcpStream::connect(standalone_redis()).expect("redis reachable");
+    let mut out = Vec::new();
+    for cmd in [vec!["SELECT", "9"], vec!["GET", key]] {
+        out.extend(format!("*{}\r\n", cmd.len()).into_bytes());
+        for a in cmd {
+            out.extend(format!("${}\r\n{a}\r\n", a.len()).into_bytes());
+        }
+    }
+    s.write_all(&out).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap(); // +OK
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    let Ok(n) = line.trim_end().trim_start_matches('$').parse::<usize>() else {
+        return String::new();
+    };
+    let mut value = vec![0; n + 2];
+    r.read_exact(&mut value).unwrap();
+    value.truncate(n);
+    String::from_utf8(value).unwrap()
 }
 
 /// RESP commands to one Redis at `host:port`, pipelined; the last reply's first line.

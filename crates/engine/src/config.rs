@@ -9,6 +9,7 @@
 //! certificates = "certificates"         # where signed certificates are written
 //! batch_size = 5000                     # at most this many locators per erase transaction
 //! batch_rows = 10000                    # and at most this many frozen rows (at least one locator)
+//! batch_group = 500                     # `erase --batch`: at most this many jobs side by side
 //!
 //! [[target]]
 //! name = "memories"
@@ -247,6 +248,7 @@ struct RawControl {
     certificates: Option<PathBuf>,
     batch_size: Option<usize>,
     batch_rows: Option<u64>,
+    batch_group: Option<usize>,
 }
 
 /// A loaded, validated config.
@@ -267,6 +269,9 @@ pub struct Config {
     /// At most this many frozen rows per erase transaction (a batch always takes at least one
     /// locator, however many rows it has).
     pub batch_rows: u64,
+    /// A batch's jobs run side by side in groups of at most this many: each group reads each
+    /// store once per step, and its inventories are what a batch holds in memory.
+    pub batch_group: usize,
     /// The targets, in file order.
     pub targets: Vec<Target>,
     /// Declared assets without a target, in file order.
@@ -507,6 +512,12 @@ impl Config {
                 "control.batch_rows must be between 1 and 10000000".into(),
             ));
         }
+        let batch_group = c.batch_group.unwrap_or(500);
+        if batch_group == 0 || batch_group > 10_000 {
+            return Err(invalid(
+                "control.batch_group must be between 1 and 10000".into(),
+            ));
+        }
         let mut names = BTreeSet::new();
         let mut targets = Vec::new();
         for (i, t) in raw.target.into_iter().enumerate() {
@@ -659,6 +670,7 @@ impl Config {
             certificates: resolve(c.certificates.unwrap_or_else(|| "certificates".into())),
             batch_size,
             batch_rows,
+            batch_group,
             targets,
             assets,
             serve,

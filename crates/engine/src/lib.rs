@@ -182,6 +182,8 @@ pub struct Engine {
     certificates: PathBuf,
     batch_size: usize,
     batch_rows: u64,
+    /// The most jobs of a batch run side by side (`control.batch_group`).
+    batch_group: usize,
     /// The in-process gate, once [`Engine::memory_gate`] installed it: freezes and drains then
     /// go through it, so they linearize with its permits.
     gate: Option<Arc<lethe_gate::MemoryGate>>,
@@ -343,6 +345,7 @@ impl Engine {
             certificates: config.certificates,
             batch_size: config.batch_size,
             batch_rows: config.batch_rows,
+            batch_group: config.batch_group,
             gate: None,
             probed: std::sync::Mutex::new(None),
             key_bound: std::sync::atomic::AtomicBool::new(bound),
@@ -697,6 +700,19 @@ impl Engine {
     ) -> Result<(String, bool), EngineError> {
         self.check_scope(&req.scope)?;
         self.probe_all()?;
+        // No job is added to a journal whose chain does not verify.
+        self.journal.check_chain_sealed(&self.key.verifying_key())?;
+        self.request_probed(req, received)
+    }
+
+    /// [`Engine::request_received`] with the targets probed and the journal's chain checked
+    /// (a batch does both once).
+    fn request_probed(
+        &self,
+        req: Request,
+        received: time::OffsetDateTime,
+    ) -> Result<(String, bool), EngineError> {
+        self.check_scope(&req.scope)?;
         if !one_line(&req.ticket) {
             return Err(input(
                 "`ticket` must be a non-empty reference without control characters",
@@ -779,8 +795,6 @@ impl Engine {
             .basis
             .deadline(now.date(), req.deadline, req.extension_reason.is_some())
             .map_err(input)?;
-        // No job is added to a journal whose chain does not verify.
-        self.journal.check_chain_sealed(&self.key.verifying_key())?;
         let new = lethe_journal::jobs::NewJob {
             job_id: format!("del-{}", random_hex(6)?),
             scope_hash: self.scope_hash(&req.scope),

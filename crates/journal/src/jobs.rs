@@ -199,8 +199,9 @@ const CLAIM_BEGIN: &str = "SET idle_in_transaction_session_timeout = 0;
 /// process dies, the connection drops and the claim with it. On SQLite it is an exclusive lock
 /// on a file beside the journal.
 pub struct Claim {
-    /// The open transaction on PostgreSQL, rolled back on drop.
-    pg: Option<postgres::Client>,
+    /// The open transaction on PostgreSQL, rolled back when its last claim is dropped (a
+    /// batch's claims share one connection and transaction).
+    pg: Option<std::sync::Arc<std::sync::Mutex<postgres::Client>>>,
     /// On SQLite, the job's lock file, locked exclusively: the operating system releases it
     /// when this process closes it or dies.
     _file: Option<std::fs::File>,
@@ -222,8 +223,10 @@ impl Claim {
     /// another process may have claimed the job since). A file lock holds while the process
     /// lives.
     pub fn holds(&mut self) -> bool {
-        match self.pg.as_mut() {
-            Some(c) => c.simple_query("SELECT 1").is_ok(),
+        match self.pg.as_ref() {
+            Some(c) => c
+                .lock()
+                .is_ok_and(|mut c| c.simple_query("SELECT 1").is_ok()),
             None => true,
         }
     }
@@ -231,10 +234,17 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Some(c) = self.pg.as_mut() {
-            let _ = c.batch_execute("ROLLBACK");
+        // The last claim on the connection ends its transaction (and its row locks).
+        if let Some(c) = self.pg.take().and_then(std::sync::Arc::into_inner) {
+            if let Ok(mut c) = c.into_inner() {
+                let _ = c.batch_execute("ROLLBACK");
+            }
         }
     }
+}
+
+fn shared(c: postgres::Client) -> Option<std::sync::Arc<std::sync::Mutex<postgres::Client>>> {
+    Some(std::sync::Arc::new(std::sync::Mutex::new(c)))
 }
 
 /// States in which a job has work a process can pick up.
@@ -314,10 +324,49 @@ impl Journal {
             )
             .map_err(|e| self.db(crate::db::pg_err(e)))?;
         Ok((!got.is_empty()).then(|| Claim {
-            pg: Some(c),
+            pg: shared(c),
             _file: None,
             job_id: job_id.to_string(),
         }))
+    }
+
+    /// Claims many jobs at once (a batch's), in their order: `None` for one another process
+    /// runs. On PostgreSQL, one connection and transaction holds every row lock (not one
+    /// connection a job); on SQLite, a lock file each.
+    pub fn claim_many(&self, job_ids: &[String]) -> Result<Vec<Option<Claim>>> {
+        if matches!(self.backend, crate::Backend::Sqlite { .. }) {
+            return job_ids.iter().map(|id| self.claim(id)).collect();
+        }
+        let Some(mut c) = self.pg_connect()? else {
+            unreachable!("a PostgreSQL journal connects or fails");
+        };
+        let pg = |e| self.db(crate::db::pg_err(e));
+        c.execute(
+            "INSERT INTO job_claims (job_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
+            &[&job_ids],
+        )
+        .map_err(pg)?;
+        c.batch_execute(CLAIM_BEGIN).map_err(pg)?;
+        let got: std::collections::HashSet<String> = c
+            .query(
+                "SELECT job_id FROM job_claims WHERE job_id = ANY($1) FOR UPDATE SKIP LOCKED",
+                &[&job_ids],
+            )
+            .map_err(pg)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let conn = shared(c);
+        Ok(job_ids
+            .iter()
+            .map(|id| {
+                got.contains(id).then(|| Claim {
+                    pg: conn.clone(),
+                    _file: None,
+                    job_id: id.clone(),
+                })
+            })
+            .collect())
     }
 
     /// A claim on SQLite: an exclusive lock on `<journal>-claims/<job id>`, taken without
@@ -384,7 +433,7 @@ impl Journal {
                 _file: None,
             })
             .map(|mut claim| {
-                claim.pg = Some(c);
+                claim.pg = shared(c);
                 claim
             }))
     }

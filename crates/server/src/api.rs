@@ -1053,13 +1053,16 @@ async fn create_jobs(
         let engine = Arc::clone(&**engine);
         std::thread::Builder::new()
             .name("lethe-batch".into())
-            .spawn(move || {
-                for job_id in run {
-                    match engine.resume(&job_id, &opts, &mut |_| {}) {
-                        Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
-                        Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+            .spawn(move || match engine.run_batch(run.clone(), &opts, &mut |_| {}) {
+                Ok(outs) => {
+                    for (job_id, o) in run.iter().zip(outs) {
+                        match o {
+                            Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
+                            Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+                        }
                     }
                 }
+                Err(e) => tracing::warn!(jobs = run.len(), error = %e, "Batch not run."),
             })
             .map_err(EngineError::Io)?;
         Ok::<_, EngineError>(out)

@@ -1,6 +1,6 @@
 //! The Redis adapter itself.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -270,6 +270,40 @@ impl Redis {
         })
     }
 
+    /// One keyspace pass serving every scope of a batch that a pass selects (a prefix without
+    /// an index: scan mode's subjects and tenants): `Some(Ok(keys))` with, per scope, its keys
+    /// or `None` for a scope the pass does not serve (a memory's one key, an index, an
+    /// inexpressible scope). `None` when fewer than two scopes would share the pass.
+    #[allow(clippy::type_complexity)]
+    fn shared_pass(
+        &self,
+        scopes: &[Scope],
+    ) -> Option<Result<Vec<Option<BTreeSet<Vec<u8>>>>, AdapterError>> {
+        let served: Vec<Option<String>> = scopes
+            .iter()
+            .map(|s| match self.selection(s) {
+                Ok(Selection::Prefix {
+                    prefix,
+                    index: None,
+                    index_sets: None,
+                }) => Some(prefix),
+                _ => None,
+            })
+            .collect();
+        let prefixes: Vec<String> = served.iter().flatten().cloned().collect();
+        if prefixes.len() < 2 {
+            return None;
+        }
+        let mut nodes = self.lock();
+        Some(self.scan_many(&mut nodes, &prefixes).map(|found| {
+            let mut found = found.into_iter();
+            served
+                .iter()
+                .map(|p| p.as_ref().and_then(|_| found.next()))
+                .collect()
+        }))
+    }
+
     /// Whether `key` is exactly the index set of one of `tenant`'s subjects: it reads as the
     /// index layout for a subject that the pattern and the index can both express, and that
     /// subject's set is this very key.
@@ -291,23 +325,78 @@ impl Redis {
     }
 
     /// `SCAN MATCH prefix*` on every primary; keys re-checked against the exact prefix.
+    fn scan(&self, nodes: &mut Nodes, prefix: &str) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+        self.scan_with(nodes, prefix, BTreeSet::new, |out, k| {
+            out.insert(k.to_vec());
+            true
+        })
+    }
+
+    /// One keyspace pass for many prefixes (a batch's scopes): `SCAN MATCH` their longest
+    /// common prefix, each key handed to every scope whose exact prefix it starts with. The
+    /// keys of scope `i` in `out[i]`. Prefixes may nest (a tenant's and one of its subjects'):
+    /// a key is then each one's, as two passes would have found it.
+    fn scan_many(
+        &self,
+        nodes: &mut Nodes,
+        prefixes: &[String],
+    ) -> Result<Vec<BTreeSet<Vec<u8>>>, AdapterError> {
+        let mut by_prefix: HashMap<&[u8], Vec<usize>> = HashMap::new();
+        for (i, p) in prefixes.iter().enumerate() {
+            by_prefix.entry(p.as_bytes()).or_default().push(i);
+        }
+        let mut lens: Vec<usize> = by_prefix.keys().map(|p| p.len()).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        let common = common_prefix(prefixes);
+        self.scan_with(
+            nodes,
+            common,
+            || vec![BTreeSet::new(); prefixes.len()],
+            |out, k| {
+                let mut wanted = false;
+                for &n in lens.iter().take_while(|&&n| n <= k.len()) {
+                    if let Some(scopes) = by_prefix.get(&k[..n]) {
+                        for &i in scopes {
+                            out[i].insert(k.to_vec());
+                        }
+                        wanted = true;
+                    }
+                }
+                wanted
+            },
+        )
+    }
+
+    /// A keyspace pass under `prefix`: `add` is given each key that starts with it, into a
+    /// result `fresh` makes, and says whether it wanted the key (only a wanted key is checked
+    /// against the cluster's slots).
     ///
     /// On a cluster, a key whose slot moves during the pass, from a node not yet scanned to one
     /// already scanned, is seen on neither: the pass counts only if the topology (every
     /// primary's slots, migrating and importing ones included) was the same before and after
-    /// it, with no slot moving. Otherwise it passes again, a few times, and then the target is
-    /// unavailable (retryable) until the resharding ends.
-    fn scan(&self, nodes: &mut Nodes, prefix: &str) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+    /// it, with no slot moving. Otherwise it passes again (into a fresh result), a few times,
+    /// and then the target is unavailable (retryable) until the resharding ends.
+    fn scan_with<S>(
+        &self,
+        nodes: &mut Nodes,
+        prefix: &str,
+        fresh: impl Fn() -> S,
+        mut add: impl FnMut(&mut S, &[u8]) -> bool,
+    ) -> Result<S, AdapterError> {
         if !nodes.is_cluster() {
             let all = nodes.primaries().map_err(|e| self.unavailable(e))?;
-            return self.pass(nodes, &all, prefix);
+            let mut out = fresh();
+            self.pass(nodes, &all, prefix, &mut |k| add(&mut out, k))?;
+            return Ok(out);
         }
         for attempt in 1..=PASSES {
             let before = nodes.topology().map_err(|e| self.unavailable(e))?;
             if !before.is_moving() {
-                let keys = self.pass(nodes, &before.primaries(), prefix)?;
+                let mut out = fresh();
+                self.pass(nodes, &before.primaries(), prefix, &mut |k| add(&mut out, k))?;
                 if nodes.topology().map_err(|e| self.unavailable(e))? == before {
-                    return Ok(keys);
+                    return Ok(out);
                 }
             }
             if attempt < PASSES {
@@ -322,16 +411,17 @@ impl Redis {
         )))
     }
 
-    /// One `SCAN MATCH prefix*` over each of `primaries`.
+    /// One `SCAN MATCH prefix*` over each of `primaries`, each key that starts with `prefix`
+    /// given to `add`.
     fn pass(
         &self,
         nodes: &mut Nodes,
         primaries: &[Addr],
         prefix: &str,
-    ) -> Result<BTreeSet<Vec<u8>>, AdapterError> {
+        add: &mut dyn FnMut(&[u8]) -> bool,
+    ) -> Result<(), AdapterError> {
         let pattern = format!("{}*", glob_escape(prefix));
         let count = self.pacing.scan_count.to_string();
-        let mut out = BTreeSet::new();
         for node in primaries {
             let mut cursor = b"0".to_vec();
             loop {
@@ -362,19 +452,17 @@ impl Redis {
                 };
                 // The exact re-check: a glob can only over-match if escaping failed; this makes
                 // sure nothing outside the prefix is ever unlinked.
-                let found: Vec<Vec<u8>> = keys
+                for k in keys
                     .iter()
                     .filter_map(|k| k.bytes())
                     .filter(|k| k.starts_with(prefix.as_bytes()))
-                    .map(<[u8]>::to_vec)
-                    .collect();
-                // A key on a node that does not serve its slot (a migration abandoned after
-                // its keys moved) cannot be reached by any keyed command: its UNLINK and
-                // EXISTS go to the slot's owner. Counted, it was certified gone by a frozen
-                // verify, and came back when the slot later moved there.
-                // The pass runs only while no slot is migrating, so this is no race.
-                if nodes.is_cluster() {
-                    for k in &found {
+                {
+                    // A key on a node that does not serve its slot (a migration abandoned
+                    // after its keys moved) cannot be reached by any keyed command: its UNLINK
+                    // and EXISTS go to the slot's owner. Counted, it was certified gone by a
+                    // frozen verify, and came back when the slot later moved there.
+                    // The pass runs only while no slot is migrating, so this is no race.
+                    if add(k) && nodes.is_cluster() {
                         let slot = super::resp::slot(k);
                         let owner = nodes.owner(slot).map_err(|e| self.unavailable(e))?;
                         if owner != *node {
@@ -387,7 +475,6 @@ impl Redis {
                         }
                     }
                 }
-                out.extend(found);
                 cursor = next;
                 if cursor == b"0" {
                     break;
@@ -400,7 +487,7 @@ impl Redis {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The members of an index set, in pages; each must lie inside the subject's prefix.
@@ -769,6 +856,24 @@ impl Redis {
 }
 
 /// `kind` then the key in lowercase hex: a locator that holds any bytes.
+/// The longest prefix every one of `prefixes` starts with, cut at a character boundary.
+fn common_prefix(prefixes: &[String]) -> &str {
+    let Some(first) = prefixes.first() else {
+        return "";
+    };
+    let mut end = first.len();
+    for p in &prefixes[1..] {
+        end = first
+            .char_indices()
+            .zip(p.chars())
+            .take_while(|((_, a), b)| a == b)
+            .last()
+            .map_or(0, |((i, a), _)| i + a.len_utf8())
+            .min(end);
+    }
+    &first[..end]
+}
+
 pub(crate) fn hex_locator(kind: &str, key: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(kind.len() + key.len() * 2);
@@ -928,6 +1033,71 @@ impl Adapter for Redis {
         let mut locators: Vec<Locator> = keys.iter().map(|k| (hex_locator(KEY, k), 1)).collect();
         locators.extend(sets.iter().map(|i| (hex_locator(INDEX, i.as_bytes()), 1)));
         Ok(Inventory::from_locators(locators))
+    }
+
+    fn inventory_many(&self, scopes: &[Scope]) -> Vec<Result<Inventory, AdapterError>> {
+        let keys = match self.shared_pass(scopes) {
+            Some(Ok(keys)) => keys,
+            // Not one pass's to serve, or the pass failed: each scope alone (an unavailable
+            // store then fails each as it would have).
+            _ => return scopes.iter().map(|s| self.inventory(s)).collect(),
+        };
+        keys.into_iter()
+            .zip(scopes)
+            .map(|(keys, scope)| match keys {
+                Some(keys) => Ok(Inventory::from_locators(
+                    keys.iter().map(|k| (hex_locator(KEY, k), 1)).collect(),
+                )),
+                None => self.inventory(scope),
+            })
+            .collect()
+    }
+
+    fn verify_many(&self, work: &[(Scope, Vec<Locator>)]) -> Vec<Result<u64, AdapterError>> {
+        let alone = |(s, f): &(Scope, Vec<Locator>)| self.verify(s, f);
+        // Those whose own verify passes over the keyspace: all in scan mode's default, and in
+        // `verify = "frozen"` those without frozen keys.
+        let passing: Vec<usize> = (0..work.len())
+            .filter(|&i| self.verify == Verify::Scan || work[i].1.is_empty())
+            .collect();
+        let scopes: Vec<Scope> = passing.iter().map(|&i| work[i].0.clone()).collect();
+        let mut found: Vec<Option<BTreeSet<Vec<u8>>>> = vec![None; work.len()];
+        match self.shared_pass(&scopes) {
+            Some(Ok(keys)) => {
+                for (i, keys) in passing.into_iter().zip(keys) {
+                    found[i] = keys;
+                }
+            }
+            _ => return work.iter().map(alone).collect(),
+        }
+        let served: Vec<Option<Result<u64, AdapterError>>> = {
+            let mut nodes = self.lock();
+            found
+                .into_iter()
+                .zip(work)
+                .map(|(keys, w)| {
+                    let keys = keys?;
+                    // As `verify`: what the pass found, and any frozen key that exists now
+                    // but the pass did not see (written again while it ran).
+                    let unseen: Vec<Vec<u8>> = w
+                        .1
+                        .iter()
+                        .filter_map(|(l, _)| l.strip_prefix(KEY).and_then(unhex))
+                        .filter(|k| !keys.contains(k))
+                        .collect();
+                    Some(
+                        self.existing(&mut nodes, unseen)
+                            .map(|e| (keys.len() + e.len()) as u64),
+                    )
+                })
+                .collect()
+        };
+        // The others alone, once the connections are free again.
+        served
+            .into_iter()
+            .zip(work)
+            .map(|(r, w)| r.unwrap_or_else(|| alone(w)))
+            .collect()
     }
 
     fn erase_batch(&self, scope: &Scope, batch: &[Locator]) -> Result<u64, AdapterError> {

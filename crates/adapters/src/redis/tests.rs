@@ -1524,3 +1524,103 @@ fn an_erase_waits_for_every_replica_and_is_unavailable_while_one_lags() {
         "every other key kept, byte for byte"
     );
 }
+
+/// A batch's inventory and verification in one keyspace pass give, scope by scope, what each
+/// scope's own would: with glob and prefix-neighbour identifiers, a tenant scope nesting a
+/// subject of the batch, a memory scope (one key, looked up alone), on the standalone server
+/// and the cluster, in both modes. After the erase of some, a key written again is residue
+/// of its scope only; every other subject's keys are untouched (a fresh snapshot).
+#[test]
+fn a_batch_reads_each_scope_as_its_own_inventory_and_verify_would() {
+    for cluster in [false, true] {
+        for mode in ["scan", "index"] {
+            let mut space = Space::new(cluster);
+            for (t, s) in SUBJECTS {
+                space.seed(t, s);
+            }
+            let target = space.target(mode);
+            let a = target.adapter.as_ref();
+            let mut scopes: Vec<Scope> = SUBJECTS
+                .iter()
+                .step_by(2)
+                .map(|(t, s)| subject(t, s))
+                .collect();
+            scopes.push(Scope::Memory {
+                tenant: Tenant::new("acme").unwrap(),
+                subject: Subject::new("u1").unwrap(),
+                memory: MemoryId::new("str").unwrap(),
+                version: None,
+            });
+            if mode == "scan" {
+                // A tenant scope, nesting the batch's acmex/alice.
+                scopes.push(Scope::Tenant {
+                    tenant: Tenant::new("acmex").unwrap(),
+                });
+            }
+            let alone: Vec<_> = scopes.iter().map(|s| a.inventory(s).unwrap()).collect();
+            let many: Vec<_> = a
+                .inventory_many(&scopes)
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(many, alone, "{mode}, cluster {cluster}");
+            assert!(many.iter().all(|i| i.count > 0), "every scope found its keys");
+            // Erase the subjects (not the memory or the tenant scope), then verify all.
+            let before: Vec<Row> = {
+                let case = RedisCase {
+                    space: &space,
+                    adapter: space.target(mode),
+                    with_index: mode == "index",
+                };
+                case.snapshot()
+            };
+            let erased: Vec<usize> = (0..scopes.len())
+                .filter(|&i| matches!(scopes[i], Scope::Subject { .. }))
+                .collect();
+            for &i in &erased {
+                a.erase_batch(&scopes[i], &many[i].locators).unwrap();
+            }
+            // One key of the first erased subject written again.
+            let (t, s) = SUBJECTS[0];
+            let again = format!("{}:{t}:{s}:str", space.prefix);
+            space.cmd(&[b"SET", again.as_bytes(), b"again"]);
+            let work: Vec<(Scope, Vec<crate::Locator>)> = scopes
+                .iter()
+                .cloned()
+                .zip(many.iter().map(|i| i.locators.clone()))
+                .collect();
+            let alone: Vec<u64> = work.iter().map(|(s, f)| a.verify(s, f).unwrap()).collect();
+            let many_v: Vec<u64> = a
+                .verify_many(&work)
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(many_v, alone, "{mode}, cluster {cluster}");
+            assert_eq!(many_v[0], 1, "the key written again is residue of its scope");
+            for &i in &erased[1..] {
+                assert_eq!(many_v[i], 0, "{:?}", scopes[i].kind());
+            }
+            // Nobody else lost a key: every row not of an erased subject is as it was.
+            let erased_owners: Vec<(String, String)> = erased
+                .iter()
+                .map(|&i| {
+                    let s = &scopes[i];
+                    (s.tenant().as_str().to_string(), s.subject().unwrap().as_str().to_string())
+                })
+                .collect();
+            let case = RedisCase {
+                space: &space,
+                adapter: space.target(mode),
+                with_index: mode == "index",
+            };
+            let keep = |rows: Vec<Row>| -> Vec<Row> {
+                rows.into_iter()
+                    .filter(|r| !erased_owners.contains(&r.owner))
+                    .filter(|r| !r.bytes.starts_with(again.as_bytes()))
+                    .collect()
+            };
+            assert_eq!(keep(case.snapshot()), keep(before), "{mode}, cluster {cluster}");
+            cleanup(&space);
+        }
+    }
+}

@@ -76,22 +76,21 @@ pub(crate) fn erase(config: &Path, erase: EraseArgs) -> Result<i32, Exit> {
             Err(e) => Err(e.into()),
         };
     }
-    // One engine (its targets probed once), then the jobs one after another: each is its own
-    // job, journal entries and certificate, and one that blocks or fails leaves the rest to run.
+    // One engine (its targets probed once), then the jobs side by side: each is its own job,
+    // journal entries and certificate, and one that blocks or fails leaves the rest to run.
     let total = scopes.len();
+    let (lines, requests): (Vec<usize>, Vec<Request>) = scopes
+        .into_iter()
+        .map(|(line, scope)| (line, request(scope)))
+        .unzip();
+    let outcomes = engine.erase_batch(requests, &opts, &mut progress_printer(progress_to(json)))?;
     let mut results = Vec::with_capacity(total);
     let mut worst = 0;
-    for (i, (line, scope)) in scopes.into_iter().enumerate() {
-        if !json {
-            outln!("[{}/{total}] line {line}:", i + 1);
-        }
-        let (code, shown) = match engine.erase(
-            request(scope),
-            &opts,
-            &mut progress_printer(progress_to(json)),
-        ) {
+    for (line, outcome) in lines.into_iter().zip(outcomes) {
+        let (code, mut shown) = match outcome {
             Ok(o) => {
                 if !json {
+                    outln!("line {line}:");
                     print_outcome(&o, false);
                 }
                 (outcome_code(&o), outcome_json(&o))
@@ -102,20 +101,19 @@ pub(crate) fn erase(config: &Path, erase: EraseArgs) -> Result<i32, Exit> {
                 state,
             }) => {
                 if !json {
-                    outln!("Job {job_id} is held (legal hold): it stays {state}, nothing touched.");
+                    outln!("line {line}: job {job_id} is held (legal hold): it stays {state}, nothing touched.");
                 }
                 (4, held_json(job_id, state, holds))
             }
             Err(e) => {
                 let Exit(code, e) = e.into();
                 if !json {
-                    outln!("Not started: {e}");
+                    outln!("line {line}: not started: {e}");
                 }
                 (code, json!({"error": e.to_string()}))
             }
         };
         worst = worse(worst, code);
-        let mut shown = shown;
         shown["line"] = line.into();
         results.push(shown);
     }

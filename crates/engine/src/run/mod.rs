@@ -51,6 +51,16 @@ pub enum Progress {
         /// Rows left.
         residue: u64,
     },
+    /// A batch's step, for all its jobs: how many of them are through it.
+    Batch {
+        /// The step: `requested`, `frozen`, `inventory`, `erased`, `verification`,
+        /// `complete`.
+        step: &'static str,
+        /// Jobs through it.
+        done: usize,
+        /// Jobs in the batch's group.
+        total: usize,
+    },
 }
 
 /// A step's result: go on, or stop with the job BLOCKED.
@@ -88,6 +98,8 @@ pub(super) struct Run<'a> {
     opts: &'a RunOptions,
     /// Behind a lock: the targets' threads check it before each batch.
     claim: Mutex<&'a mut Claim>,
+    /// In a batch: the inventories and verifications taken for all its jobs at once.
+    shared: Option<&'a batch::Shared>,
 }
 
 impl std::ops::Deref for Run<'_> {
@@ -122,6 +134,7 @@ impl Engine {
 }
 
 // After the macro: the steps use it.
+mod batch;
 mod certify;
 mod checks;
 mod parallel;
@@ -382,11 +395,28 @@ impl Engine {
         opts: &RunOptions,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Outcome, EngineError> {
+        self.run_shared(claim, opts, progress, None, None)
+    }
+
+    /// [`Engine::run_claimed`], in a batch: with what the batch read for all its jobs at once
+    /// (`shared`), and stopping when the job reaches `stop_at` (its outcome then says where
+    /// it stands) so the batch can read the stores for every job before it goes on.
+    fn run_shared(
+        &self,
+        claim: &mut Claim,
+        opts: &RunOptions,
+        progress: &mut dyn FnMut(Progress),
+        shared: Option<&batch::Shared>,
+        stop_at: Option<JobState>,
+    ) -> Result<Outcome, EngineError> {
         let job_id = claim.job_id.clone();
         let job_id = job_id.as_str();
         // Nothing runs on a journal whose chain does not verify: its entries are the evidence
-        // the certificate is built from.
-        self.journal.check_chain_sealed(&self.key.verifying_key())?;
+        // the certificate is built from. (A batch checks it once for all its jobs, before each
+        // of its steps.)
+        if shared.is_none() {
+            self.journal.check_chain_sealed(&self.key.verifying_key())?;
+        }
         // A hold added while the job was interrupted (killed mid-erase, say) stops it too:
         // preservation wins over erasure in every state but COMPLETE, not only before the freeze.
         // A COMPLETE job touches no target (it only rewrites its certificate file), so where
@@ -417,9 +447,13 @@ impl Engine {
             engine: self,
             opts,
             claim: Mutex::new(claim),
+            shared,
         };
         loop {
             let job = self.journal.job(job_id)?;
+            if stop_at == Some(job.state) {
+                return self.outcome(job_id);
+            }
             progress(Progress::State(job.state));
             // Each step starts under a claim that still holds; the steps are idempotent, and a
             // second runner's transitions would be refused, but its adapters' work would not.

@@ -114,7 +114,10 @@ impl Run<'_> {
         t: &Target,
         owned: &[String],
     ) -> Result<lethe_adapters::Inventory, AdapterError> {
-        let mut inv = t.adapter.inventory_owned(scope, owned)?;
+        let mut inv = match self.shared.and_then(|s| s.inventory(&job.job_id, &t.name)) {
+            Some(read) => read?,
+            None => t.adapter.inventory_owned(scope, owned)?,
+        };
         pause_point!(self, "after-inventory-read:{}", t.name);
         let Some(g) = t.adapter.guard() else {
             return Ok(inv);
@@ -232,7 +235,9 @@ impl Run<'_> {
         Ok(None)
     }
 
-    pub(super) fn step_frozen(
+    /// A frozen job's sinks fenced and its earlier permits drained: what must hold before
+    /// any inventory is taken (both idempotent).
+    pub(super) fn fence_and_drain(
         &self,
         job: &JobRecord,
         progress: &mut dyn FnMut(Progress),
@@ -246,6 +251,17 @@ impl Run<'_> {
         let undrained = self.drain(&job.job_id, progress)?;
         if undrained > 0 {
             return self.block(&job.job_id, BlockedReason::Undrained, None, format!("{undrained} permits issued before the freeze are neither released nor confirmed cancelled"));
+        }
+        Ok(Step::Next)
+    }
+
+    pub(super) fn step_frozen(
+        &self,
+        job: &JobRecord,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Step, EngineError> {
+        if let Step::Blocked = self.fence_and_drain(job, progress)? {
+            return Ok(Step::Blocked);
         }
         if let Step::Blocked = self.take_inventories(job, progress)? {
             return Ok(Step::Blocked);
@@ -542,7 +558,11 @@ impl Run<'_> {
             .unwrap_or_default();
         let residue = match applies {
             Applicability::Exempt(reason) => return Ok((count, Checked::Exempt(reason))),
-            Applicability::Applies => match t.adapter.verify(scope, &frozen) {
+            Applicability::Applies => match self
+                .shared
+                .and_then(|s| s.residue(&job.job_id, &t.name))
+                .unwrap_or_else(|| t.adapter.verify(scope, &frozen))
+            {
                 Ok(n) => n,
                 Err(e) => return Ok((count, Checked::Failed(e))),
             },
