@@ -90,6 +90,15 @@ pub trait Guard: Send + Sync {
     fn uninstall(&self) -> Result<(), AdapterError>;
     /// Closes the fence: the owner's writes are refused until [`Guard::open`].
     fn close(&self, fence: &Fence<'_>) -> Result<bool, AdapterError>;
+    /// [`Guard::close`] for many fences at once (a batch's jobs): one transaction, and one
+    /// wait for the writers in flight. Default: one `close` each.
+    fn close_many(&self, fences: &[Fence<'_>]) -> Result<bool, AdapterError> {
+        let mut installed = false;
+        for f in fences {
+            installed |= self.close(f)?;
+        }
+        Ok(installed)
+    }
     /// Records the frozen locators as erased, before they are erased (journal before act).
     fn record_erased(&self, fence: &Fence<'_>, frozen: &[Locator]) -> Result<bool, AdapterError>;
     /// Opens the fence again, keeping the epoch and the erased lists.

@@ -3442,6 +3442,83 @@ fn a_guard_installed_mid_job_is_closed_when_the_job_goes_on() {
     );
 }
 
+/// A batch on LangGraph's PostgreSQL stores with the database guard installed: the guard's
+/// fences are closed for all the batch's jobs in one step, each job completes with its own
+/// certificate, every fence is open again at the end (one per subject, none left closed), a
+/// stale write for the erased person is refused, and every other subject keeps every row.
+#[test]
+fn a_batch_closes_the_guards_fences_together_and_opens_each_at_its_completion() {
+    let tdb = TemplateDb::new("lethe_gb");
+    let mut db = tdb.connect();
+    let alices = TemplateDb::alices_threads(&mut db);
+    let others_before = TemplateDb::others(&mut db, &alices);
+    let env = Env {
+        dir: tempfile::tempdir().unwrap(),
+    };
+    tdb.config(env.path(), 100);
+    for t in ["checkpoints", "memories"] {
+        let out = env
+            .cmd(&["guard", "install", "--target", t])
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let file = env.path().join("batch.jsonl");
+    std::fs::write(
+        &file,
+        "{\"tenant\": \"acme\", \"subject\": \"alice\"}\n\
+         {\"tenant\": \"acme\", \"subject\": \"nobody-1\"}\n\
+         {\"tenant\": \"initech\", \"subject\": \"nobody-2\"}\n",
+    )
+    .unwrap();
+    let (c, out) = env.json(&[
+        "erase",
+        "--batch",
+        file.to_str().unwrap(),
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "B-3",
+        "--json",
+    ]);
+    assert_eq!(c, 0, "{out}");
+    let v = out.as_array().unwrap();
+    assert!(v.iter().all(|j| j["state"] == "COMPLETE"), "{out}");
+    assert!(
+        v[0]["certificate"]["targets"]["checkpoints"]["count"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let count =
+        |db: &mut postgres::Client, sql: &str| -> i64 { db.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(
+        count(&mut db, "SELECT count(*) FROM lethe_guard.subject_fence"),
+        3,
+        "each job's fence was closed"
+    );
+    assert_eq!(
+        count(
+            &mut db,
+            "SELECT count(*) FROM lethe_guard.subject_fence WHERE fenced"
+        ),
+        0,
+        "and each opened at its completion"
+    );
+    let put = "INSERT INTO store (prefix, key, value) VALUES ('acme.alice.memories', 'late', '{}'::jsonb)";
+    let stale = db.execute(put, &[]).unwrap_err();
+    assert!(
+        matches!(stale.code().map(|c| c.code()), Some("LT002" | "LT004")),
+        "{stale}"
+    );
+    assert_eq!(
+        TemplateDb::others(&mut db, &alices),
+        others_before,
+        "every other subject's rows kept"
+    );
+    assert_eq!(code(&env.run(&["journal", "verify"])), 0);
+}
+
 /// A write that names no owner, on a thread of the person, while the inventory is being read
 /// (the fence closed, the guard not yet told of the thread): the guard records what the
 /// inventory found and the inventory is read again, so the row is counted, erased and

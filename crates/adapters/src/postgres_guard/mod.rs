@@ -387,8 +387,13 @@ impl Guard for PgGuard {
     }
 
     fn close(&self, fence: &Fence<'_>) -> Result<bool, AdapterError> {
+        self.close_many(std::slice::from_ref(fence))
+    }
+
+    fn close_many(&self, fences: &[Fence<'_>]) -> Result<bool, AdapterError> {
         let done = self.in_guard(|tx| {
             tx.batch_execute(NEW_GENERATION)?;
+            for fence in fences {
             match fence {
                 Fence::Subject { tenant, subject, epoch } => {
                     tx.execute(
@@ -409,6 +414,7 @@ impl Guard for PgGuard {
                     )?;
                 }
                 Fence::Memory => {}
+            }
             }
             Ok(())
         })?;

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use lethe_adapters::{AdapterError, Applicability, Inventory, Locator};
+use lethe_adapters::{AdapterError, Applicability, Fence, Inventory, Locator};
 use lethe_core::{JobState, Scope};
 use lethe_journal::jobs::Claim;
 
@@ -33,9 +33,19 @@ use super::{Progress, Run, Step};
 pub(crate) struct Shared {
     inventories: Mutex<HashMap<(String, String), Result<Inventory, AdapterError>>>,
     residues: Mutex<HashMap<(String, String), Result<u64, AdapterError>>>,
+    /// Jobs this batch froze, fenced and drained itself, and has driven since, under its
+    /// claim: their runner does not fence and drain them again before their inventory, nor
+    /// redo a picked-up job's guard updates when it goes on to verify them (what it did is
+    /// what one runner does between its steps).
+    driven: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
+    /// Whether this batch froze, fenced and drained the job itself, and drives it.
+    pub(super) fn drives(&self, job: &str) -> bool {
+        lock(&self.driven).contains(job)
+    }
+
     /// The inventory the batch read for this job and target, if it did.
     pub(super) fn inventory(
         &self,
@@ -197,16 +207,63 @@ impl Engine {
                 .map_err(EngineError::from)
         };
         chain()?;
-        // Frozen and drained, each job by its own steps; a job already further along (an open
-        // job continued) is left to the runner.
+        // Frozen, each job by its own step; a job already further along (an open job
+        // continued) is left to the runner.
         let mut frozen = Vec::new();
         for m in &mut members {
-            match self.freeze_member(m, opts, quiet) {
-                Ok(true) => frozen.push(m.job_id.clone()),
-                Ok(false) => {}
+            match self.freeze_member(m, opts) {
+                Ok(Some(Step::Next)) => frozen.push(m.job_id.clone()),
+                // Blocked by its freeze: it stays BLOCKED, for an operator.
+                Ok(Some(Step::Blocked)) => {
+                    out[m.index] = Some(self.outcome(&m.job_id).map(|o| continued(o, m.created)))
+                }
+                Ok(None) => {}
                 Err(e) => out[m.index] = Some(Err(e)),
             }
         }
+        // The sinks' fences, closed for all of them at once; then each drained.
+        let jobs: Vec<_> = frozen
+            .iter()
+            .map(|id| self.journal.job(id))
+            .collect::<Result<_, _>>()?;
+        let blocked = self.close_guards(&jobs)?;
+        let mut ready = Vec::new();
+        for m in &mut members {
+            let Some(job) = jobs.iter().find(|j| j.job_id == m.job_id) else {
+                continue;
+            };
+            if blocked.contains(&m.job_id) {
+                out[m.index] = Some(self.outcome(&m.job_id).map(|o| continued(o, m.created)));
+                continue;
+            }
+            let run = Run {
+                engine: self,
+                opts,
+                claim: Mutex::new(&mut m.claim),
+                shared: None,
+            };
+            match run.drain(&m.job_id, quiet) {
+                Ok(0) => {
+                    lock(&shared.driven).insert(m.job_id.clone());
+                    ready.push(m.job_id.clone());
+                }
+                Ok(undrained) => {
+                    let blocked = self.block(
+                        &job.job_id,
+                        lethe_core::BlockedReason::Undrained,
+                        None,
+                        format!("{undrained} permits issued before the freeze are neither released nor confirmed cancelled"),
+                    );
+                    out[m.index] = Some(
+                        blocked
+                            .and_then(|_| self.outcome(&m.job_id))
+                            .map(|o| continued(o, m.created)),
+                    );
+                }
+                Err(e) => out[m.index] = Some(Err(e)),
+            }
+        }
+        let frozen = ready;
         progress(Progress::Batch {
             step: "frozen",
             done: frozen.len(),
@@ -276,18 +333,17 @@ impl Engine {
         Ok(finish(out, first))
     }
 
-    /// A member's freeze and drain, as its runner would do them (the same checks first):
-    /// `true` when it is FROZEN and drained, ready for the batch's inventory. A job not
-    /// REQUESTED or FROZEN, or one that blocked, is `false`: the runner takes it as it is.
+    /// A member's freeze, as its runner would do it (the same checks first): `Step::Next`
+    /// when it is FROZEN, `Step::Blocked` when its freeze blocked it. A job not REQUESTED or
+    /// FROZEN (an open job the request continued) is `None`: the runner takes it as it is.
     fn freeze_member(
         &self,
         m: &mut Member,
         opts: &RunOptions,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Option<Step>, EngineError> {
         let job = self.journal.job(&m.job_id)?;
         if !matches!(job.state, JobState::Requested | JobState::Frozen) {
-            return Ok(false);
+            return Ok(None);
         }
         self.refuse_if_projection_edited(&m.job_id, "the job is not run")?;
         self.refuse_if_targets_missing(&m.job_id)?;
@@ -300,12 +356,46 @@ impl Engine {
         };
         run.refuse_if_claim_lost(&m.job_id)?;
         if job.state == JobState::Requested {
-            if let Step::Blocked = run.step_requested(&job)? {
-                return Ok(false);
+            return run.step_requested(&job).map(Some);
+        }
+        Ok(Some(Step::Next))
+    }
+
+    /// Closes every database guard's fence for all of `jobs` at once (what each job's FROZEN
+    /// step does alone). A guard that fails blocks each of them on its target, as it would
+    /// have blocked each alone; their ids are returned.
+    fn close_guards(
+        &self,
+        jobs: &[lethe_journal::jobs::JobRecord],
+    ) -> Result<std::collections::HashSet<String>, EngineError> {
+        let mut blocked = std::collections::HashSet::new();
+        if jobs.is_empty() {
+            return Ok(blocked);
+        }
+        let fences: Vec<Fence<'_>> = jobs
+            .iter()
+            .map(|j| Fence::of(&j.scope, j.subject_epoch, j.tenant_epoch))
+            .collect();
+        for t in &self.targets {
+            let Some(g) = t.adapter.guard() else {
+                continue;
+            };
+            match g.close_many(&fences) {
+                Ok(true) => {
+                    tracing::info!(target = %t.name, jobs = jobs.len(), step = "fence_closed", "Database guard updated.")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    let (reason, why) = (super::blocked_reason(&e), e.to_string());
+                    for j in jobs {
+                        if blocked.insert(j.job_id.clone()) {
+                            self.block(&j.job_id, reason, Some(&t.name), why.clone())?;
+                        }
+                    }
+                }
             }
         }
-        let job = self.journal.job(&m.job_id)?;
-        Ok(matches!(run.fence_and_drain(&job, progress)?, Step::Next))
+        Ok(blocked)
     }
 
     /// Each target's inventory of every job in `jobs` it applies to, read at once into

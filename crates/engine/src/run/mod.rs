@@ -162,14 +162,7 @@ impl Engine {
     }
 
     fn block_on(&self, job: &str, target: &str, e: AdapterError) -> Result<Step, EngineError> {
-        let reason = match &e {
-            AdapterError::AnomalousVolume { .. } => BlockedReason::AnomalousVolume,
-            AdapterError::ReadOnly { .. } => BlockedReason::TargetReadOnly,
-            AdapterError::LegacyDerived { .. } => BlockedReason::LegacyDerived,
-            e if e.is_retryable() => BlockedReason::TargetUnavailable,
-            _ => BlockedReason::TargetFailed,
-        };
-        self.block(job, reason, Some(target), e.to_string())
+        self.block(job, blocked_reason(&e), Some(target), e.to_string())
     }
 
     /// Applies `f` to the database guard of every target that has one (LangGraph on
@@ -435,7 +428,8 @@ impl Engine {
         // for the job, nor told of targets erased before it: found by review, a write for the
         // person was admitted while the job ran and after it completed.
         // (A BLOCKED job does both in `step_resume`.)
-        if matches!(job.state, JobState::Deleting | JobState::Verifying) {
+        let driven = shared.is_some_and(|s| s.drives(job_id));
+        if matches!(job.state, JobState::Deleting | JobState::Verifying) && !driven {
             if let Step::Blocked = self.guards(&job, "fence_closed", |g, f| g.close(f))? {
                 return self.outcome(job_id);
             }
@@ -497,6 +491,17 @@ impl Engine {
             }
         }
         Ok(Step::Next)
+    }
+}
+
+/// Why an adapter's error blocks a job.
+fn blocked_reason(e: &AdapterError) -> BlockedReason {
+    match e {
+        AdapterError::AnomalousVolume { .. } => BlockedReason::AnomalousVolume,
+        AdapterError::ReadOnly { .. } => BlockedReason::TargetReadOnly,
+        AdapterError::LegacyDerived { .. } => BlockedReason::LegacyDerived,
+        e if e.is_retryable() => BlockedReason::TargetUnavailable,
+        _ => BlockedReason::TargetFailed,
     }
 }
 

@@ -260,8 +260,12 @@ impl Run<'_> {
         job: &JobRecord,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Step, EngineError> {
-        if let Step::Blocked = self.fence_and_drain(job, progress)? {
-            return Ok(Step::Blocked);
+        // A batch fenced and drained the jobs it drives just before it read their inventories.
+        let driven = self.shared.is_some_and(|s| s.drives(&job.job_id));
+        if !driven {
+            if let Step::Blocked = self.fence_and_drain(job, progress)? {
+                return Ok(Step::Blocked);
+            }
         }
         if let Step::Blocked = self.take_inventories(job, progress)? {
             return Ok(Step::Blocked);
