@@ -479,6 +479,15 @@ pub trait Adapter: Send + Sync {
     /// Idempotent: rows already gone count zero. Returns rows deleted.
     fn erase_batch(&self, scope: &Scope, batch: &[(String, u64)]) -> Result<u64, AdapterError>;
 
+    /// [`Adapter::erase_batch`] of many jobs' batches at once (a batch's), in their order,
+    /// where the store saves by it: one transaction for all of them, each job's rows still
+    /// checked against its own inventory. A job whose batch would erase more than its
+    /// inventory fails alone (its result is [`AdapterError::AnomalousVolume`]) and the others'
+    /// go as they would alone. Default: one `erase_batch` each.
+    fn erase_many(&self, work: &[(Scope, Vec<Locator>)]) -> Vec<Result<u64, AdapterError>> {
+        work.iter().map(|(s, b)| self.erase_batch(s, b)).collect()
+    }
+
     /// How many locators to hand `erase_batch` at once, if this target sets its own number
     /// instead of `control.batch_size` (a store without transactions, where a batch is only the
     /// unit of journaling and of the anomaly guard). `None`: the control's number.

@@ -1118,3 +1118,89 @@ fn what_would_reach_beyond_the_tables_or_hide_rows_is_refused_before_anything_ru
         "{m}"
     );
 }
+
+/// Many jobs' batches in one transaction (`erase_many`, a batch's erase): each job gets what
+/// its own `erase_batch` would; a job whose thread gained a row since its inventory (alice)
+/// fails alone with `anomalous_volume` and keeps every row, the others are erased; every row
+/// of every other subject is kept byte for byte.
+#[test]
+fn erase_many_fails_a_job_over_its_inventory_alone() {
+    let srv = server(15);
+    let scopes = [
+        subject_scope("acme", "alice"),
+        subject_scope("acme", "bob"),
+        subject_scope("globex", "carol"),
+    ];
+    // Every row of anyone but the three, as text.
+    let others = |c: &mut Client| -> Vec<String> {
+        c.query(
+            "SELECT 'c' || c::text FROM checkpoints c
+              WHERE NOT (metadata->>'user_id' IN ('alice', 'bob', 'carol'))
+                AND thread_id NOT IN (SELECT thread_id FROM thread_registry WHERE user_id IN ('alice', 'bob', 'carol'))
+             UNION ALL SELECT 'r' || r::text FROM thread_registry r WHERE user_id NOT IN ('alice', 'bob', 'carol')
+             UNION ALL SELECT 's' || s::text FROM store s
+              WHERE prefix NOT LIKE 'acme.alice%' AND prefix NOT LIKE 'acme.bob%' AND prefix NOT LIKE 'globex.carol%'
+             ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    for (kind, late) in [
+        ("checkpointer", false),
+        ("store", false),
+        ("checkpointer", true),
+    ] {
+        let db = Db::new(&srv);
+        let t = if kind == "store" {
+            store(&db)
+        } else {
+            checkpointer(&db)
+        };
+        let work: Vec<(Scope, Vec<lethe_adapters::Locator>)> = scopes
+            .iter()
+            .map(|s| (s.clone(), t.adapter.inventory(s).unwrap().locators))
+            .collect();
+        let expected: Vec<u64> = work
+            .iter()
+            .map(|(_, l)| l.iter().map(|(_, n)| n).sum())
+            .collect();
+        assert!(expected.iter().all(|n| *n > 0), "{kind}: {expected:?}");
+        let mut c = db.client();
+        if late {
+            let thread = a_thread_with_rows(&t.adapter.inventory(&scopes[0]).unwrap());
+            c.execute(
+                "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, checkpoint, metadata)
+                 VALUES ($1, '', 'late', '{}', '{\"tenant_id\": \"acme\", \"user_id\": \"alice\"}')",
+                &[&thread],
+            )
+            .unwrap();
+        }
+        let before = others(&mut c);
+        let got = t.adapter.erase_many(&work);
+        if late {
+            assert!(
+                matches!(got[0], Err(AdapterError::AnomalousVolume { .. })),
+                "{:?}",
+                got[0].as_ref().err()
+            );
+            assert_eq!(got[1].as_ref().ok(), Some(&expected[1]));
+            assert_eq!(got[2].as_ref().ok(), Some(&expected[2]));
+            assert_eq!(
+                t.adapter.verify(&scopes[0], &work[0].1).unwrap(),
+                expected[0] + 1,
+                "alice's rows are all still there, and the late one"
+            );
+        } else {
+            let got: Vec<u64> = got.into_iter().map(Result::unwrap).collect();
+            assert_eq!(got, expected, "{kind}");
+            assert_eq!(t.adapter.verify(&scopes[0], &work[0].1).unwrap(), 0);
+        }
+        for (s, l) in &work[1..] {
+            assert_eq!(t.adapter.verify(s, l).unwrap(), 0, "{kind}");
+        }
+        assert_eq!(others(&mut c), before, "{kind}: every other subject kept");
+    }
+}

@@ -117,6 +117,15 @@ pub struct Checkpointer {
     dead_rows: Option<crate::postgres::DeadRows>,
 }
 
+/// A batch's locators, split by kind.
+#[derive(Default)]
+struct Split {
+    threads: Vec<String>,
+    expect_threads: u64,
+    registry: Vec<String>,
+    expect_registry: u64,
+}
+
 fn owner(scope: &Scope) -> Option<Owner<'_>> {
     match scope {
         Scope::Subject { tenant, subject } => Some(Owner {
@@ -304,6 +313,91 @@ impl Checkpointer {
         Ok(out)
     }
 
+    /// A batch's locators: threads and registry rows, with the rows each accounts for.
+    fn split(&self, batch: &[Locator]) -> Result<Split, AdapterError> {
+        let mut b = Split::default();
+        for (loc, n) in batch {
+            if let Some(t) = loc.strip_prefix(THREAD) {
+                b.threads.push(t.to_string());
+                b.expect_threads += n;
+            } else if let Some(t) = loc.strip_prefix(REGISTRY) {
+                b.registry.push(t.to_string());
+                b.expect_registry += n;
+            } else {
+                return Err(self.failed("unknown locator in the frozen inventory"));
+            }
+        }
+        Ok(b)
+    }
+
+    /// Many jobs' batches: every job's threads in one transaction, then every job's registry
+    /// rows in one, each job's own statements checked against its own inventory. Rows per job;
+    /// `None` when a job would erase more than its inventory (that transaction rolled back).
+    fn erase_together(
+        &self,
+        work: &[(Scope, Vec<Locator>)],
+    ) -> Result<Option<Vec<u64>>, AdapterError> {
+        let mut jobs: Vec<Option<(Owner<'_>, Split)>> = Vec::with_capacity(work.len());
+        for (scope, batch) in work {
+            jobs.push(match owner(scope) {
+                Some(o) => Some((o, self.split(batch)?)),
+                None => None,
+            });
+        }
+        let mut rows = vec![0u64; work.len()];
+        {
+            let mut s = self.db.session()?;
+            let mut tx = s.begin()?;
+            for (i, (_, b)) in jobs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, j)| Some((i, j.as_ref()?)))
+            {
+                if b.threads.is_empty() {
+                    continue;
+                }
+                let mut deleted = 0u64;
+                for stmt in self.sql.delete_threads() {
+                    deleted += tx.execute(&stmt, &[Param::Set(&b.threads)])?;
+                }
+                if crate::within_inventory(&self.name, b.expect_threads, deleted).is_err() {
+                    return Ok(None);
+                }
+                rows[i] += deleted;
+            }
+            tx.commit()?;
+        }
+        let with_registry = jobs.iter().flatten().any(|(_, b)| !b.registry.is_empty());
+        if with_registry {
+            let Some(r) = &self.registry else {
+                return Err(self.failed("registry locators but no registry configured"));
+            };
+            let mut s = self.registry_db(r).session()?;
+            let mut tx = s.begin()?;
+            for (i, (o, b)) in jobs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, j)| Some((i, j.as_ref()?)))
+            {
+                if b.registry.is_empty() {
+                    continue;
+                }
+                let params = [
+                    Param::Set(&b.registry),
+                    text(o.tenant),
+                    Param::Text(o.subject),
+                ];
+                let deleted = tx.execute(&self.sql.delete_registry(r), &params)?;
+                if crate::within_inventory(&self.name, b.expect_registry, deleted).is_err() {
+                    return Ok(None);
+                }
+                rows[i] += deleted;
+            }
+            tx.commit()?;
+        }
+        Ok(Some(rows))
+    }
+
     /// Deletes the threads' rows in one transaction, within the inventory.
     fn erase_threads(&self, threads: &[String], expected: u64) -> Result<u64, AdapterError> {
         if threads.is_empty() {
@@ -472,22 +566,20 @@ impl Adapter for Checkpointer {
 
     fn erase_batch(&self, scope: &Scope, batch: &[Locator]) -> Result<u64, AdapterError> {
         let Some(o) = owner(scope) else { return Ok(0) };
-        let (mut threads, mut registry) = (Vec::new(), Vec::new());
-        let (mut expect_threads, mut expect_registry) = (0u64, 0u64);
-        for (loc, n) in batch {
-            if let Some(t) = loc.strip_prefix(THREAD) {
-                threads.push(t.to_string());
-                expect_threads += n;
-            } else if let Some(t) = loc.strip_prefix(REGISTRY) {
-                registry.push(t.to_string());
-                expect_registry += n;
-            } else {
-                return Err(self.failed("unknown locator in the frozen inventory"));
-            }
-        }
+        let b = self.split(batch)?;
         // Threads before their registry rows, whatever the batch boundaries.
-        Ok(self.erase_threads(&threads, expect_threads)?
-            + self.erase_registry(&o, &registry, expect_registry)?)
+        Ok(self.erase_threads(&b.threads, b.expect_threads)?
+            + self.erase_registry(&o, &b.registry, b.expect_registry)?)
+    }
+
+    fn erase_many(&self, work: &[(Scope, Vec<Locator>)]) -> Vec<Result<u64, AdapterError>> {
+        let alone = || work.iter().map(|(s, b)| self.erase_batch(s, b)).collect();
+        match self.erase_together(work) {
+            Ok(Some(rows)) => rows.into_iter().map(Ok).collect(),
+            // A job over its inventory (rolled back), or the store failed: each alone, so
+            // that only its own job fails, and the others go (threads already erased count 0).
+            _ => alone(),
+        }
     }
 
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {

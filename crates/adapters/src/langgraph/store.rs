@@ -168,6 +168,51 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Many jobs' batches in one transaction, each job's own statements checked against its
+    /// own inventory, as `erase_batch` does alone. Rows per job; `None` when a job would erase
+    /// more than its inventory (all rolled back).
+    fn erase_together(
+        &self,
+        work: &[(Scope, Vec<Locator>)],
+    ) -> Result<Option<Vec<u64>>, AdapterError> {
+        let mut jobs = Vec::with_capacity(work.len());
+        for (scope, batch) in work {
+            let sel = self.selection(scope)?;
+            let items = checked_items(&self.name, &sel, batch)?;
+            let (prefixes, keys): (Vec<String>, Vec<String>) = items.into_iter().unzip();
+            let expected: u64 = batch.iter().map(|(_, n)| n).sum();
+            jobs.push((sel, prefixes, keys, expected));
+        }
+        let mut s = self.db.session()?;
+        let vectors = self.has_vectors(&mut s)?;
+        let mut tx = s.begin()?;
+        let mut rows = Vec::with_capacity(jobs.len());
+        for (sel, prefixes, keys, expected) in &jobs {
+            if prefixes.is_empty() {
+                rows.push(0);
+                continue;
+            }
+            let params = [
+                Param::Set(prefixes),
+                Param::Set(keys),
+                Param::Text(sel.version()),
+            ];
+            let mut deleted = 0u64;
+            if vectors {
+                deleted += tx.execute(&self.sql.delete_vectors(), &params)?;
+            }
+            deleted += tx.execute(&self.sql.delete_items(), &params)?;
+            if crate::within_inventory(&self.name, *expected, deleted).is_err() {
+                return Ok(None);
+            }
+            rows.push(deleted);
+        }
+        tx.commit()?;
+        Ok(Some(rows))
+    }
+}
+
 impl Adapter for Store {
     fn describe(&self) -> Description {
         self.sql.describe()
@@ -301,6 +346,16 @@ impl Adapter for Store {
         crate::within_inventory(&self.name, expected, deleted)?;
         tx.commit()?;
         Ok(deleted)
+    }
+
+    fn erase_many(&self, work: &[(Scope, Vec<Locator>)]) -> Vec<Result<u64, AdapterError>> {
+        let alone = || work.iter().map(|(s, b)| self.erase_batch(s, b)).collect();
+        match self.erase_together(work) {
+            Ok(Some(rows)) => rows.into_iter().map(Ok).collect(),
+            // A job over its inventory (rolled back), or the store failed: each alone, so
+            // that only its own job fails.
+            _ => alone(),
+        }
     }
 
     fn verify(&self, scope: &Scope, frozen: &[Locator]) -> Result<u64, AdapterError> {

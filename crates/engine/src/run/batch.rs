@@ -276,8 +276,33 @@ impl Engine {
             done: frozen.len(),
             total,
         });
-        // Each job inventoried (from that reading), erased and brought to VERIFYING.
+        // Each job inventoried (from that reading) and brought to DELETING.
         chain()?;
+        let mut deleting = Vec::new();
+        for m in &mut members {
+            if out[m.index].is_some() {
+                continue;
+            }
+            match self.run_shared(
+                &mut m.claim,
+                opts,
+                quiet,
+                Some(&shared),
+                Some(JobState::Deleting),
+            ) {
+                Ok(o) if o.state == JobState::Deleting => {
+                    if shared.drives(&m.job_id) && m.claim.holds() {
+                        deleting.push(self.journal.job(&m.job_id)?);
+                    }
+                }
+                Ok(o) => out[m.index] = Some(Ok(continued(o, m.created))),
+                Err(e) => out[m.index] = Some(Err(e)),
+            }
+        }
+        // The transactional targets erase many jobs' batches in one transaction each.
+        self.erase_shared(&deleting)?;
+        // Each job erased (what the shared erase did is journaled; the rest by its own steps)
+        // and brought to VERIFYING.
         let mut erased = 0;
         for m in &mut members {
             if out[m.index].is_some() {
@@ -427,6 +452,128 @@ impl Engine {
         for (t, found) in targets.iter().zip(read) {
             for (id, inv) in found {
                 map.insert((id, t.name.clone()), inv);
+            }
+        }
+        Ok(())
+    }
+
+    /// The erase of every job in `jobs` (DELETING, driven by the batch) on each transactional
+    /// target (one without its own `batch_size`), many jobs' batches in one transaction
+    /// ([`lethe_adapters::Adapter::erase_many`]), each journaled as its job's erase step would
+    /// journal it: `erase_started` before, its `batch_erased` with the target's erased mark
+    /// after. A job this cannot serve (its rows over one batch, its locators edited, a hold
+    /// placed meanwhile, a guard or store that failed it) is left to its own step, which
+    /// erases or blocks it as it would alone.
+    fn erase_shared(&self, jobs: &[lethe_journal::jobs::JobRecord]) -> Result<(), EngineError> {
+        if jobs.len() < 2 {
+            return Ok(());
+        }
+        let targets: Vec<_> = self
+            .targets
+            .iter()
+            .filter(|t| t.adapter.batch_size().is_none())
+            .collect();
+        for r in crate::at_once(&targets, |t| self.erase_target_shared(t, jobs)) {
+            r?;
+        }
+        Ok(())
+    }
+
+    fn erase_target_shared(
+        &self,
+        t: &lethe_adapters::Target,
+        jobs: &[lethe_journal::jobs::JobRecord],
+    ) -> Result<(), EngineError> {
+        let mut items = Vec::new();
+        for job in jobs {
+            if self.journal.progress(&job.job_id, &t.name)?.1.is_some() {
+                continue;
+            }
+            let Some((count, locators)) = self.journal.inventory(&job.job_id, &t.name)? else {
+                continue;
+            };
+            let rows: u64 = locators.iter().map(|(_, n)| n).sum();
+            if locators.is_empty()
+                || locators.len() > self.batch_size
+                || rows > self.batch_rows
+                || self.refuse_if_locators_edited(job, t, &locators).is_err()
+            {
+                continue;
+            }
+            items.push((job, count, locators, rows));
+        }
+        // The guard learns what is erased before it is erased.
+        if let Some(g) = t.adapter.guard() {
+            let mut kept = Vec::with_capacity(items.len());
+            let mut installed = true;
+            for item in items {
+                let job = item.0;
+                let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
+                // Not installed at the first job: none to tell for the others either (as a
+                // guard installed after a job's own step told it nothing).
+                if !installed {
+                    kept.push(item);
+                    continue;
+                }
+                // A guard that fails leaves the job to its own step, which blocks on it.
+                if let Ok(told) = g.record_erased(&fence, &item.2) {
+                    installed = told;
+                    kept.push(item);
+                }
+            }
+            items = kept;
+        }
+        let (mut start, mut rows, mut locs) = (0, 0u64, 0usize);
+        let mut chunks = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if i > start
+                && (rows + item.3 > self.batch_rows || locs + item.2.len() > self.batch_size)
+            {
+                chunks.push(&items[start..i]);
+                (start, rows, locs) = (i, 0, 0);
+            }
+            rows += item.3;
+            locs += item.2.len();
+        }
+        if start < items.len() {
+            chunks.push(&items[start..]);
+        }
+        for chunk in chunks {
+            let mut work = Vec::with_capacity(chunk.len());
+            let mut going = Vec::with_capacity(chunk.len());
+            for (job, count, locators, _) in chunk {
+                // A hold placed since the job's last check stops it before it erases.
+                if self.refuse_if_job_held(job).is_err() {
+                    continue;
+                }
+                self.journal.record(
+                    &self.now_rfc3339(),
+                    &job.job_id,
+                    &lethe_journal::Entry::EraseStarted {
+                        target: t.name.clone(),
+                    },
+                )?;
+                work.push((Engine::frozen_scope(job), locators.clone()));
+                going.push((job, *count, locators.len()));
+            }
+            let done = t.adapter.erase_many(&work);
+            for ((job, count, n), r) in going.into_iter().zip(done) {
+                let Ok(rows) = r else {
+                    continue;
+                };
+                self.journal.record_with_progress(
+                    &self.now_rfc3339(),
+                    &job.job_id,
+                    &lethe_journal::Entry::BatchErased {
+                        target: t.name.clone(),
+                        locators: n as u64,
+                        rows,
+                    },
+                    &t.name,
+                    Some(count),
+                    None,
+                )?;
+                tracing::info!(job = %job.job_id, target = %t.name, erased = count, "Target erased.");
             }
         }
         Ok(())
