@@ -937,11 +937,13 @@ async fn create_job(
     };
     let engine = Arc::clone(&state.engine);
     let (job_id, created, state_now) = tokio::task::spawn_blocking(move || {
+        // The run's claim connection opens while the request is made.
+        engine.journal().prepare_claim();
         let (job_id, created) = engine.request(req)?;
         // A legal hold answers 409 `held` now, as the CLI exits 4, not from the job's thread.
         engine.refuse_if_held(&job_id)?;
         let state_now = engine.outcome(&job_id)?.state;
-        run_in_background(Arc::clone(&**engine), job_id.clone(), opts)?;
+        run_requested_in_background(Arc::clone(&**engine), job_id.clone(), opts)?;
         Ok::<_, EngineError>((job_id, created, state_now))
     })
     .await
@@ -1053,16 +1055,19 @@ async fn create_jobs(
         let engine = Arc::clone(&**engine);
         std::thread::Builder::new()
             .name("lethe-batch".into())
-            .spawn(move || match engine.run_batch(run.clone(), &opts, &mut |_| {}) {
-                Ok(outs) => {
-                    for (job_id, o) in run.iter().zip(outs) {
-                        match o {
-                            Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
-                            Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+            .spawn(move || {
+                match engine.run_batch(run.clone(), &opts, &mut |_| {}) {
+                    Ok(outs) => {
+                        for (job_id, o) in run.iter().zip(outs) {
+                            match o {
+                                Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
+                                Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+                            }
                         }
                     }
+                    Err(e) => tracing::warn!(jobs = run.len(), error = %e, "Batch not run."),
                 }
-                Err(e) => tracing::warn!(jobs = run.len(), error = %e, "Batch not run."),
+                RUNS_ENDED.notify_waiters();
             })
             .map_err(EngineError::Io)?;
         Ok::<_, EngineError>(out)
@@ -1079,15 +1084,46 @@ pub(crate) fn run_in_background(
     job_id: String,
     opts: RunOptions,
 ) -> Result<(), EngineError> {
+    spawn_run(job_id, move |id| engine.resume(id, &opts, &mut |_| {}))
+}
+
+/// [`run_in_background`] for a job this request has just made, its targets probed by it: the
+/// run does not probe them again (`resume` does), and its claim's connection opened while the
+/// request was made (`prepare_claim`).
+fn run_requested_in_background(
+    engine: Arc<Engine>,
+    job_id: String,
+    opts: RunOptions,
+) -> Result<(), EngineError> {
+    spawn_run(job_id, move |id| engine.run(id, &opts, &mut |_| {}))
+}
+
+fn spawn_run(
+    job_id: String,
+    run: impl FnOnce(&str) -> Result<lethe_engine::Outcome, EngineError> + Send + 'static,
+) -> Result<(), EngineError> {
     std::thread::Builder::new()
         .name("lethe-job".into())
-        .spawn(move || match engine.resume(&job_id, &opts, &mut |_| {}) {
-            Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
-            Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+        .spawn(move || {
+            match run(&job_id) {
+                Ok(o) => tracing::info!(job = %job_id, state = %o.state, "Job run ended."),
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "Job run stopped."),
+            }
+            RUNS_ENDED.notify_waiters();
         })
         .map(drop)
         .map_err(EngineError::Io)
 }
+
+/// Woken whenever a job run of this server ends: `GET /v1/jobs/{id}?wait_ms=` waits on it
+/// (and re-reads the journal every `WAIT_POLL` besides, for a job another process runs).
+static RUNS_ENDED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// How often a waiting `GET /v1/jobs/{id}` reads the journal without being woken.
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// The longest `wait_ms` a `GET /v1/jobs/{id}` takes.
+const MAX_WAIT_MS: u64 = 30_000;
 
 pub(crate) fn drain_timeout(secs: Option<u64>) -> Result<Duration, ApiError> {
     let secs = secs.unwrap_or(30);
@@ -1162,18 +1198,49 @@ async fn resume_job(
     Ok((StatusCode::ACCEPTED, Json(json!({"state": state_now}))))
 }
 
+/// `GET /v1/jobs/{id}`'s query: `wait_ms`, how long to wait for the job to end (COMPLETE or
+/// BLOCKED) before answering where it stands.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobWait {
+    wait_ms: Option<u64>,
+}
+
 async fn job(
     AxState(state): AxState<State>,
     headers: HeaderMap,
     job_id: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
     authorize(&state, &headers, Need::ReadJobs)?;
     let job_id = path(job_id)?;
-    let engine = Arc::clone(&state.engine);
-    let out = tokio::task::spawn_blocking(move || engine.outcome(&job_id))
-        .await
-        .map_err(|_| ApiError::unavailable())?
-        .map_err(engine_error)?;
+    let wait = match query.as_deref() {
+        None | Some("") => 0,
+        q => parse_query::<JobWait>(q)?.wait_ms.unwrap_or(0),
+    };
+    if wait > MAX_WAIT_MS {
+        return Err(ApiError::bad_request(format!(
+            "wait_ms must be at most {MAX_WAIT_MS}"
+        )));
+    }
+    let until = tokio::time::Instant::now() + Duration::from_millis(wait);
+    let out = loop {
+        // Registered before the read, so a run that ends after it still wakes this wait.
+        let ended = RUNS_ENDED.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        let engine = Arc::clone(&state.engine);
+        let id = job_id.clone();
+        let out = tokio::task::spawn_blocking(move || engine.outcome(&id))
+            .await
+            .map_err(|_| ApiError::unavailable())?
+            .map_err(engine_error)?;
+        let now = tokio::time::Instant::now();
+        if matches!(out.state, JobState::Complete | JobState::Blocked) || now >= until {
+            break out;
+        }
+        let _ = tokio::time::timeout((until - now).min(WAIT_POLL), ended).await;
+    };
     // As `erase --json`, less `continued` (a request's answer, not the job's): the certificate
     // itself, not where this server's process wrote its file.
     Ok(Json(json!({

@@ -848,6 +848,25 @@ fn a_batch_makes_one_job_a_scope_and_a_bad_entry_makes_none() {
     assert_eq!(entries.len(), 3);
     assert_eq!(entries[2]["held"], true);
     assert_eq!(entries[2]["state"], "REQUESTED");
+    // One GET that waits for the job to end, instead of polling; a wait too long, or another
+    // query parameter, is refused.
+    let first = format!("/v1/jobs/{}", entries[0]["job_id"].as_str().unwrap());
+    let waited = op
+        .call("GET", &format!("{first}?wait_ms=30000"), None)
+        .unwrap();
+    assert_eq!(waited["state"], "COMPLETE", "{waited}");
+    for bad in ["?wait_ms=30001", "?wait=5", "?wait_ms=soon"] {
+        let (status, _, message) = refused(&op, "GET", &format!("{first}{bad}"), None);
+        assert_eq!(status, 400, "{bad}: {message}");
+    }
+    // A job that cannot end while held answers where it stands once the wait has passed.
+    let held = format!("/v1/jobs/{}", entries[2]["job_id"].as_str().unwrap());
+    let t = std::time::Instant::now();
+    let v = op
+        .call("GET", &format!("{held}?wait_ms=300"), None)
+        .unwrap();
+    assert_eq!(v["state"], "REQUESTED");
+    assert!(t.elapsed() >= Duration::from_millis(300), "it waited");
     for e in &entries[..2] {
         assert_eq!(e["held"], false);
         let done = env.wait_job(e["job_id"].as_str().unwrap(), |v| v["state"] == "COMPLETE");
