@@ -1204,3 +1204,73 @@ fn erase_many_fails_a_job_over_its_inventory_alone() {
         assert_eq!(others(&mut c), before, "{kind}: every other subject kept");
     }
 }
+
+/// A batch's inventory and verification read the checkpoints' metadata once for all its
+/// subjects (`inventory_many`, `verify_many`), and each scope's result is what its own
+/// `inventory` and `verify` give: every seeded subject (awkward identifiers among them), one
+/// that holds nothing, and a tenant scope (read alone); after some are erased, a row written
+/// again under an erased subject's thread is residue of that subject only.
+#[test]
+fn a_batch_reads_the_metadata_once_and_each_scope_gets_its_own_answer() {
+    for v in [15, 18] {
+        let srv = server(v);
+        let db = Db::new(&srv);
+        let cp = checkpointer(&db);
+        let a = cp.adapter.as_ref();
+        let mut scopes: Vec<Scope> = srv.manifest["subjects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                subject_scope(
+                    s["tenant_id"].as_str().unwrap(),
+                    s["user_id"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        scopes.push(subject_scope("acme", "nobody-here"));
+        scopes.push(Scope::Tenant {
+            tenant: Tenant::new("globex").unwrap(),
+        });
+        let alone: Vec<_> = scopes.iter().map(|s| a.inventory(s).unwrap()).collect();
+        let many: Vec<_> = a
+            .inventory_many(&scopes)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(
+            alone == many,
+            "PostgreSQL {v}: the batch's inventories differ"
+        );
+        assert!(many.iter().filter(|i| i.count > 0).count() >= 10);
+        // Erase the first three subjects, then write a row again on the first one's thread.
+        for (s, i) in scopes.iter().zip(&many).take(3) {
+            a.erase_batch(s, &i.locators).unwrap();
+        }
+        let thread = a_thread_with_rows(&many[0]);
+        db.client()
+            .execute(
+                "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, idx, channel, type, blob)
+                 VALUES ($1, '', 'again', 't', 0, 'c', 'json', '\\x00')",
+                &[&thread],
+            )
+            .unwrap();
+        let work: Vec<(Scope, Vec<lethe_adapters::Locator>)> = scopes
+            .iter()
+            .cloned()
+            .zip(many.iter().map(|i| i.locators.clone()))
+            .collect();
+        let alone: Vec<u64> = work.iter().map(|(s, f)| a.verify(s, f).unwrap()).collect();
+        let batch: Vec<u64> = a
+            .verify_many(&work)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(batch, alone, "PostgreSQL {v}");
+        assert_eq!(
+            batch[0], 1,
+            "the row written again is the first subject's residue"
+        );
+        assert_eq!(&batch[1..3], &[0, 0]);
+    }
+}

@@ -79,6 +79,13 @@ pub(crate) trait Dialect: Send + Sync + std::fmt::Debug {
     /// Threads whose checkpoints' metadata names the owner; whether it binds the needle (the
     /// subject, or the tenant for a tenant scope) last.
     fn metadata_threads(&self, needle: &str) -> (Stmt, bool);
+    /// For a batch of subjects: (thread, tenant value, subject value) of every checkpoint
+    /// whose metadata's subject key holds one of a set of subjects; parameters: the subjects,
+    /// tenant key, subject key. The caller keeps only exact owners. `None`: the engine reads
+    /// each subject alone.
+    fn metadata_threads_many(&self) -> Option<Stmt> {
+        None
+    }
     /// (thread, rows) across LangGraph's tables.
     fn thread_rows(&self) -> Stmt;
     /// Deletes a set of threads' rows, one statement per table.
@@ -234,6 +241,185 @@ impl Checkpointer {
             })?;
         }
         Ok((threads, registry))
+    }
+
+    /// [`Checkpointer::resolve`] for a batch's subject scopes, the metadata read once for all
+    /// of them (one statement, where the dialect has one): per scope, its threads and registry
+    /// rows, or `None` for a scope the shared read does not serve (a tenant scope). `None`
+    /// overall when there is nothing to share.
+    #[allow(clippy::type_complexity)]
+    fn resolve_many(
+        &self,
+        s: &mut Session<'_>,
+        scopes: &[Scope],
+    ) -> Result<Option<Vec<Option<(BTreeSet<String>, Vec<Locator>)>>>, AdapterError> {
+        let (Some(m), Some(stmt)) = (&self.metadata, self.sql.metadata_threads_many()) else {
+            return Ok(None);
+        };
+        let owners: Vec<Option<Owner<'_>>> = scopes
+            .iter()
+            .map(|sc| owner(sc).filter(|o| o.subject.is_some()))
+            .collect();
+        let subjects: Vec<String> = owners
+            .iter()
+            .flatten()
+            .filter_map(|o| o.subject.map(str::to_owned))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if subjects.len() < 2 {
+            return Ok(None);
+        }
+        // Exact owners only: (tenant, subject) as the metadata holds them, byte for byte.
+        let mut by_owner: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+        let (tk, sk) = (
+            self.sql.key_param(&m.tenant),
+            self.sql.key_param(&m.subject),
+        );
+        s.each(
+            &stmt,
+            &[Param::Set(&subjects), text(&tk), text(&sk)],
+            &[Col::Text, Col::Text, Col::Text],
+            |mut r| {
+                let (thread, tenant, subject) = (r.string(0), r.string(1), r.string(2));
+                by_owner
+                    .entry((tenant, subject))
+                    .or_default()
+                    .insert(thread);
+            },
+        )?;
+        let mut out = Vec::with_capacity(scopes.len());
+        for o in owners {
+            let Some(o) = o else {
+                out.push(None);
+                continue;
+            };
+            let owner_params = [Param::Text(Some(o.tenant)), Param::Text(o.subject)];
+            let registry = self
+                .on_registry(s, |rs, r| {
+                    let rows = rs.query(
+                        &self.sql.registry_threads(r),
+                        &owner_params,
+                        &[Col::Text, Col::Int],
+                    )?;
+                    Ok(rows
+                        .into_iter()
+                        .map(|mut r| (r.string(0), r.count(1)))
+                        .collect::<Vec<_>>())
+                })?
+                .unwrap_or_default();
+            let mut threads: BTreeSet<String> = registry.iter().map(|(t, _)| t.clone()).collect();
+            let key = (
+                o.tenant.to_string(),
+                o.subject.unwrap_or_default().to_string(),
+            );
+            if let Some(found) = by_owner.get(&key) {
+                threads.extend(found.iter().cloned());
+            }
+            out.push(Some((threads, registry)));
+        }
+        Ok(Some(out))
+    }
+
+    /// The inventories of a batch's scopes, the metadata and the rows read once for all the
+    /// subject scopes (each checked for other owners alone, as `inventory` checks it). `None`:
+    /// nothing to share.
+    fn inventory_together(
+        &self,
+        scopes: &[Scope],
+    ) -> Result<Option<Vec<Result<Inventory, AdapterError>>>, AdapterError> {
+        let mut s = self.db.session()?;
+        let Some(found) = self.resolve_many(&mut s, scopes)? else {
+            return Ok(None);
+        };
+        let all: Vec<String> = found
+            .iter()
+            .flatten()
+            .flat_map(|(t, _)| t.iter().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let rows = self.thread_rows(&mut s, &all)?;
+        let mut out = Vec::with_capacity(scopes.len());
+        for (scope, f) in scopes.iter().zip(found) {
+            let (Some((threads, registry)), Some(o)) = (f, owner(scope)) else {
+                out.push(None);
+                continue;
+            };
+            let threads: Vec<String> = threads.into_iter().collect();
+            let checked = if self.sql.registry_check_first() {
+                self.check_registry_owners(&mut s, &threads, &o)
+                    .and_then(|()| self.check_metadata_owners(&mut s, &threads, &o))
+            } else {
+                self.check_metadata_owners(&mut s, &threads, &o)
+                    .and_then(|()| self.check_registry_owners(&mut s, &threads, &o))
+            };
+            out.push(Some(checked.map(|()| {
+                let mut locators: Vec<Locator> = threads
+                    .iter()
+                    .map(|t| (format!("{THREAD}{t}"), rows.get(t).copied().unwrap_or(0)))
+                    .collect();
+                locators.extend(
+                    registry
+                        .into_iter()
+                        .map(|(t, n)| (format!("{REGISTRY}{t}"), n)),
+                );
+                Inventory::from_locators(locators)
+            })));
+        }
+        drop(s);
+        // The scopes the shared read did not serve, alone.
+        Ok(Some(
+            out.into_iter()
+                .zip(scopes)
+                .map(|(r, sc)| r.unwrap_or_else(|| self.inventory(sc)))
+                .collect(),
+        ))
+    }
+
+    /// The verifications of a batch's scopes, as [`Checkpointer::inventory_together`].
+    fn verify_together(
+        &self,
+        work: &[(Scope, Vec<Locator>)],
+    ) -> Result<Option<Vec<Result<u64, AdapterError>>>, AdapterError> {
+        let scopes: Vec<Scope> = work.iter().map(|(s, _)| s.clone()).collect();
+        let mut s = self.db.session()?;
+        let Some(found) = self.resolve_many(&mut s, &scopes)? else {
+            return Ok(None);
+        };
+        let mut per: Vec<Option<(BTreeSet<String>, u64)>> = Vec::with_capacity(work.len());
+        for (f, (_, frozen)) in found.into_iter().zip(work) {
+            per.push(f.map(|(mut threads, registry)| {
+                threads.extend(
+                    frozen
+                        .iter()
+                        .filter_map(|(l, _)| l.strip_prefix(THREAD).map(str::to_owned)),
+                );
+                (threads, registry.iter().map(|(_, n)| n).sum::<u64>())
+            }));
+        }
+        let all: Vec<String> = per
+            .iter()
+            .flatten()
+            .flat_map(|(t, _)| t.iter().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let rows = self.thread_rows(&mut s, &all)?;
+        drop(s);
+        Ok(Some(
+            per.into_iter()
+                .zip(work)
+                .map(|(p, (sc, frozen))| match p {
+                    Some((threads, registry)) => Ok(threads
+                        .iter()
+                        .map(|t| rows.get(t).copied().unwrap_or(0))
+                        .sum::<u64>()
+                        + registry),
+                    None => self.verify(sc, frozen),
+                })
+                .collect(),
+        ))
     }
 
     /// Refuses threads whose checkpoints name another owner too: erasing them would erase
@@ -579,6 +765,22 @@ impl Adapter for Checkpointer {
             // A job over its inventory (rolled back), or the store failed: each alone, so
             // that only its own job fails, and the others go (threads already erased count 0).
             _ => alone(),
+        }
+    }
+
+    fn inventory_many(&self, scopes: &[Scope]) -> Vec<Result<Inventory, AdapterError>> {
+        match self.inventory_together(scopes) {
+            Ok(Some(out)) => out,
+            // No set statement in this engine, or the shared read failed: each alone (a store
+            // that is down then fails each as it would have).
+            _ => scopes.iter().map(|s| self.inventory(s)).collect(),
+        }
+    }
+
+    fn verify_many(&self, work: &[(Scope, Vec<Locator>)]) -> Vec<Result<u64, AdapterError>> {
+        match self.verify_together(work) {
+            Ok(Some(out)) => out,
+            _ => work.iter().map(|(s, f)| self.verify(s, f)).collect(),
         }
     }
 

@@ -93,6 +93,15 @@ impl Dialect for Postgres {
         (Stmt::new(sql), false)
     }
 
+    fn metadata_threads_many(&self) -> Option<Stmt> {
+        // One scan (or one walk of the recommended index) for the whole batch; exactness is the
+        // caller's, on the values read back.
+        Some(Stmt::new(format!(
+            "SELECT DISTINCT thread_id, metadata ->> $2::text, metadata ->> $3::text FROM {}              WHERE metadata ->> $3::text = ANY($1)",
+            self.t("checkpoints")
+        )))
+    }
+
     fn thread_rows(&self) -> Stmt {
         Stmt::new(
             TABLES
