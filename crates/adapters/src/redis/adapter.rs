@@ -441,14 +441,18 @@ impl Redis {
                         nodes.forget(node);
                         self.unavailable(e)
                     })?;
-                let (next, keys) = match reply.array() {
-                    Some([c, Reply::Array(Some(keys))]) => {
-                        (c.bytes().unwrap_or(b"0").to_vec(), keys.clone())
+                // Taken apart, not copied: a page of a million-key pass is thousands of keys.
+                let (next, keys) = match reply {
+                    Reply::Array(Some(mut page)) if page.len() == 2 => {
+                        match (page.pop(), page.pop()) {
+                            (Some(Reply::Array(Some(keys))), Some(c)) => {
+                                (c.bytes().unwrap_or(b"0").to_vec(), keys)
+                            }
+                            _ => return Err(self.failed("unexpected SCAN reply shape")),
+                        }
                     }
-                    _ => match &reply {
-                        Reply::Error(e) => return Err(self.answered("SCAN", e)),
-                        _ => return Err(self.failed("unexpected SCAN reply shape")),
-                    },
+                    Reply::Error(e) => return Err(self.answered("SCAN", &e)),
+                    _ => return Err(self.failed("unexpected SCAN reply shape")),
                 };
                 // The exact re-check: a glob can only over-match if escaping failed; this makes
                 // sure nothing outside the prefix is ever unlinked.
