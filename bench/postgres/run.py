@@ -60,7 +60,7 @@ TIME = "/usr/bin/time"
 # The serve kind's untimed first job, on another subject, before the before-snapshot: every
 # timed run then compares against a deployment where it is already erased.
 WARM_TENANT, WARM_SUBJECT = "t09", "u0999"
-SERVE_POLL_S = 0.002
+SERVE_POLL_S = 0.002  # the default of --serve-poll-ms
 SERVE = """
 [serve]
 listen = "127.0.0.1:0"
@@ -206,8 +206,8 @@ def check_outcome(j: dict, before: dict, with_redis: bool, rec: dict, problems: 
 class Server:
     """A `lethe -v serve` this script started, and a client on one kept-alive connection."""
 
-    def __init__(self, proc: subprocess.Popen, addr: str, token: str, err_path: str):
-        self.proc, self.addr, self.token, self.err_path = proc, addr, token, err_path
+    def __init__(self, proc: subprocess.Popen, addr: str, token: str, err_path: str, poll_s: float):
+        self.proc, self.addr, self.token, self.err_path, self.poll_s = proc, addr, token, err_path, poll_s
         self.conn = None
 
     def connect(self) -> None:
@@ -232,7 +232,7 @@ class Server:
 
     def job(self, tenant: str, subject: str, ticket: str) -> dict:
         """Times one job from its POST to the GET that answers COMPLETE (or BLOCKED) with its
-        certificate, polling every SERVE_POLL_S. There is no route that waits for a job."""
+        certificate, polling every poll_s. There is no route that waits for a job."""
         with open(self.err_path, "rb") as f:
             log_from = f.seek(0, 2)
         self.connect()
@@ -250,7 +250,7 @@ class Server:
                 raise RuntimeError(f"GET /v1/jobs/{acc['job_id']} answered {status}: {out}")
             if out.get("state") in ("COMPLETE", "BLOCKED") and (out.get("certificate") or out.get("state") == "BLOCKED"):
                 break
-            time.sleep(SERVE_POLL_S)
+            time.sleep(self.poll_s)
         wall = time.perf_counter() - t0
         time.sleep(0.05)  # the log line of the job's end may follow its journal commit
         with open(self.err_path, "rb") as f:
@@ -296,7 +296,7 @@ def start_server(a, lethe: str, db_url: str, run_dir: str) -> Server:
         with open(out_path) as f:
             m = re.search(r"Listening on http://(\S+)", f.read())
         if m:
-            return Server(proc, m.group(1), token, err_path)
+            return Server(proc, m.group(1), token, err_path, a.serve_poll_ms / 1000)
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -320,6 +320,8 @@ def main() -> int:
     ap.add_argument("--big-items", type=int, default=2000, help="the 100,000-row variant's store items")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: redis,big")
     ap.add_argument("--kinds", default="runbook,bulk,lethe,serve", help="what the timed rounds run")
+    ap.add_argument("--serve-poll-ms", type=float, default=SERVE_POLL_S * 1000,
+                    help="serve: how often GET /v1/jobs/ID is asked while the job runs (default 2)")
     ap.add_argument("--snapshot-each", action="store_true",
                     help="take verify.py's before-snapshot right before every run (about 8 s each) instead "
                          "of once, of the freshly seeded deployment, for all timed runs")
@@ -642,7 +644,7 @@ def main() -> int:
         "transport": "unix-socket" if host.startswith("/") else "tcp-sslmode-prefer",
         "runbook_s": rb, "bulk_s": bk, "lethe_wall_s": lw, "lethe_job_s": lj, "lethe_peak_rss_mib": lr,
         "lethe_phases_median_s": lph, "serve_wall_s": sv, "serve_phases_median_s": sph,
-        "serve_poll_s": SERVE_POLL_S, "serve_warm_subject": f"{WARM_TENANT}/{WARM_SUBJECT}" if server else None,
+        "serve_poll_s": a.serve_poll_ms / 1000, "serve_warm_subject": f"{WARM_TENANT}/{WARM_SUBJECT}" if server else None,
         "serve_peak_rss_mib": server_rss_kib / 1024 if server_rss_kib else None,
         "ratios": ratios, "verdict": verdict,
         "total_seconds": round(time.perf_counter() - t_start, 1),
@@ -685,7 +687,7 @@ def main() -> int:
            f"(PostgreSQL part of 8: {rt(ratios['lethe_job_over_runbook_348pg'])}). The verdicts use the whole process."]
     if sv:
         fx = (lambda x: f"{1 / x:.1f}x faster" if x else "n/a")
-        md += ["", f"Warm `lethe serve`, POST to COMPLETE with its certificate (polled every {SERVE_POLL_S * 1000:.0f} ms): {mm(sv)}; "
+        md += ["", f"Warm `lethe serve`, POST to COMPLETE with its certificate (polled every {a.serve_poll_ms:g} ms): {mm(sv)}; "
                f"server peak RSS {server_rss_kib / 1024:.1f} MiB; its phases from the server log (median s): "
                + ", ".join(f"{k} {v:.3f}" for k, v in sph.items()) + ".",
                f"Against the runbook's PostgreSQL part (steps 3+4+8, Redis stubbed out of 8): serve "
