@@ -15,6 +15,10 @@ threads, 2,000 checkpoints, 1,500 blobs, 3,000 writes, 200 registry rows, 2,000 
            metadata) and langgraph-postgres-store, journal on PostgreSQL (database
            lethe_journal_bench on the same server, recreated and initialised before each run);
            whole process wall clock and peak RSS (/usr/bin/time -f %M)
+  serve    the same job asked of a warm `lethe -v serve` (started once with the same targets,
+           journal database lethe_journal_bench_serve, warmed by one untimed job on t09/u0999
+           before the before-snapshot): from `POST /v1/jobs` to `GET /v1/jobs/ID` answering
+           COMPLETE with its certificate, polled every 2 ms on one kept-alive connection
 Then, for information: lethe once with a third target, `redis` (db 0, scan mode); and the
 100,000-row variant: the target grown by grow_target.py (server-side copies of its threads),
 erased by lethe with the two PostgreSQL targets.
@@ -26,13 +30,15 @@ those are compare's only problems.
 Writes bench/out/postgres-<UTC time>.json and prints Markdown tables.
 
 Usage: run.py --peer DIR [--runs 5] [--no-seed] [--big-threads 3000] [--big-items 2000]
-              [--skip redis,big] [--lethe PATH] [--workdir DIR --keep]
+              [--skip redis,big] [--kinds runbook,bulk,lethe,serve] [--lethe PATH] [--workdir DIR --keep]
 Runs with the venv's python (scripts/pg python): psycopg, redis-py.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as dt
+import http.client
 import json
 import os
 import platform
@@ -51,6 +57,18 @@ PG = os.path.join(REPO, "scripts", "pg")
 TENANT, SUBJECT = "t03", "u0342"
 TARGET = f"{TENANT}/{SUBJECT}"
 TIME = "/usr/bin/time"
+# The serve kind's untimed first job, on another subject, before the before-snapshot: every
+# timed run then compares against a deployment where it is already erased.
+WARM_TENANT, WARM_SUBJECT = "t09", "u0999"
+SERVE_POLL_S = 0.002  # the default of --serve-poll-ms
+SERVE = """
+[serve]
+listen = "127.0.0.1:0"
+
+[[serve.token]]
+role = "operator"
+token_file = "operator.token"
+"""
 
 CONFIG = """# Written by bench/postgres/run.py
 [control]
@@ -162,6 +180,131 @@ def stats(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else {}
 
 
+def cert_counts(outcome: dict) -> dict:
+    return {k: v["count"] for k, v in (outcome.get("certificate") or {}).get("targets", {}).items()}
+
+
+def check_outcome(j: dict, before: dict, with_redis: bool, rec: dict, problems: list[str]) -> None:
+    """A job's outcome (`erase --json`, or `GET /v1/jobs/ID`): COMPLETE, signed, and counting
+    exactly the target's rows as this script counted them before the run."""
+    expect = {"checkpoints": before["checkpoints"] + before["checkpoint_blobs"] + before["checkpoint_writes"] + before["thread_registry"],
+              "memories": before["store"]}
+    if with_redis:
+        expect["session-cache"] = before["redis_keys"]
+    rec["expected_counts"] = expect
+    rec["state"] = j.get("state")
+    counts = cert_counts(j)
+    rec["certificate_counts"] = counts
+    if j.get("state") != "COMPLETE":
+        problems.append(f"state {j.get('state')} ({j.get('blocked_reason')})")
+    if counts != expect:
+        problems.append(f"certificate counts {counts} != {expect}")
+    if not (j.get("certificate") or {}).get("signature"):
+        problems.append("certificate unsigned")
+
+
+class Server:
+    """A `lethe -v serve` this script started, and a client on one kept-alive connection."""
+
+    def __init__(self, proc: subprocess.Popen, addr: str, token: str, err_path: str, poll_s: float):
+        self.proc, self.addr, self.token, self.err_path, self.poll_s = proc, addr, token, err_path, poll_s
+        self.conn = None
+
+    def connect(self) -> None:
+        """A new connection, used once before the clock: the server closes connections idle for
+        60 s, and the other kinds' runs take longer than that."""
+        if self.conn:
+            self.conn.close()
+        host, port = self.addr.rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        self.conn.request("GET", "/healthz")
+        self.conn.getresponse().read()
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        self.conn.request(method, path, body=data, headers=headers)
+        resp = self.conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+
+    def job(self, tenant: str, subject: str, ticket: str) -> dict:
+        """Times one job from its POST to the GET that answers COMPLETE (or BLOCKED) with its
+        certificate, polling every poll_s. There is no route that waits for a job."""
+        with open(self.err_path, "rb") as f:
+            log_from = f.seek(0, 2)
+        self.connect()
+        started = time.time()
+        t0 = time.perf_counter()
+        status, acc = self.call("POST", "/v1/jobs", {"tenant": tenant, "subject": subject, "basis": "gdpr-art17",
+                                                     "ticket": ticket, "drain_timeout_s": 0})
+        if status != 202:
+            raise RuntimeError(f"POST /v1/jobs answered {status}: {acc}")
+        polls = 0
+        while True:
+            status, out = self.call("GET", f"/v1/jobs/{acc['job_id']}")
+            polls += 1
+            if status != 200:
+                raise RuntimeError(f"GET /v1/jobs/{acc['job_id']} answered {status}: {out}")
+            if out.get("state") in ("COMPLETE", "BLOCKED") and (out.get("certificate") or out.get("state") == "BLOCKED"):
+                break
+            time.sleep(self.poll_s)
+        wall = time.perf_counter() - t0
+        time.sleep(0.05)  # the log line of the job's end may follow its journal commit
+        with open(self.err_path, "rb") as f:
+            f.seek(log_from)
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if acc["job_id"] in ln]
+        return {"wall_s": wall, "polls": polls, "outcome": out, "phases_s": phases("\n".join(lines), started)}
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(a, lethe: str, db_url: str, run_dir: str) -> Server:
+    """`lethe -v serve` with the PostgreSQL targets, on its own journal database (recreated),
+    on a free loopback port, one operator token."""
+    import psycopg
+    os.makedirs(run_dir, exist_ok=True)
+    journal_db = a.journal_db + "_serve"
+    with psycopg.connect(a.pg_url, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{journal_db}" WITH (FORCE)')
+        c.execute(f'CREATE DATABASE "{journal_db}"')
+    cfg = os.path.join(run_dir, "lethe.toml")
+    with open(cfg, "w") as f:
+        f.write(CONFIG.format(db_url=db_url, journal_url=a.pg_url.rsplit("/", 1)[0] + "/" + journal_db) + SERVE)
+    token = os.urandom(32).hex()
+    fd = os.open(os.path.join(run_dir, "operator.token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    out_path, err_path = os.path.join(run_dir, "serve.out"), os.path.join(run_dir, "serve.err")
+    proc = subprocess.Popen([lethe, "--config", cfg, "-v", "serve"], cwd=run_dir,
+                            stdout=open(out_path, "w"), stderr=open(err_path, "w"))
+    atexit.register(lambda: proc.poll() is None and (proc.terminate(), proc.wait()))
+    for _ in range(200):
+        with open(out_path) as f:
+            m = re.search(r"Listening on http://(\S+)", f.read())
+        if m:
+            return Server(proc, m.group(1), token, err_path, a.serve_poll_ms / 1000)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    with open(err_path) as f:
+        sys.exit(f"lethe serve did not start: {f.read()[-1500:]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peer", required=True, help="the peer runbook's folder")
@@ -176,7 +319,9 @@ def main() -> int:
     ap.add_argument("--big-threads", type=int, default=3000, help="the 100,000-row variant's thread count")
     ap.add_argument("--big-items", type=int, default=2000, help="the 100,000-row variant's store items")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: redis,big")
-    ap.add_argument("--kinds", default="runbook,bulk,lethe", help="what the timed rounds run")
+    ap.add_argument("--kinds", default="runbook,bulk,lethe,serve", help="what the timed rounds run")
+    ap.add_argument("--serve-poll-ms", type=float, default=SERVE_POLL_S * 1000,
+                    help="serve: how often GET /v1/jobs/ID is asked while the job runs (default 2)")
     ap.add_argument("--snapshot-each", action="store_true",
                     help="take verify.py's before-snapshot right before every run (about 8 s each) instead "
                          "of once, of the freshly seeded deployment, for all timed runs")
@@ -190,7 +335,6 @@ def main() -> int:
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     if a.awake:
-        import atexit
         spinners = [subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", "while True: pass"])
                     for _ in range(os.cpu_count() or 1)]
 
@@ -282,6 +426,16 @@ def main() -> int:
             c.execute("DROP INDEX IF EXISTS checkpoints_owner_idx")
     subprocess.run([lethe, "--help"], capture_output=True)  # warm the binary (not timed)
 
+    # ------------------------------------------------------------------ a warm `lethe serve`
+    server = None
+    if "serve" in a.kinds.split(","):
+        server = start_server(a, lethe, db_url, os.path.join(work, "serve"))
+        warm = server.job(WARM_TENANT, WARM_SUBJECT, "BENCH-WARM")
+        if warm["outcome"].get("state") != "COMPLETE":
+            sys.exit(f"the serve warm-up job on {WARM_TENANT}/{WARM_SUBJECT} ended {warm['outcome'].get('state')}")
+        log(f"lethe serve on {server.addr}, warmed by one job on {WARM_TENANT}/{WARM_SUBJECT} in {warm['wall_s']:.3f} s "
+            f"(certificate {cert_counts(warm['outcome'])})")
+
     pristine = None
     if not a.snapshot_each:
         # One before-snapshot for every timed run: the deployment as seeded. Each run's
@@ -329,6 +483,11 @@ def main() -> int:
             rec["step8_pg_s"] = s8["seconds"]
             if not res["steps"]["step8_verify"]["ok"]:
                 problems.append(f"its own step 8 says not ok: {res['steps']['step8_verify']}")
+        elif kind == "serve":
+            job = server.job(TENANT, SUBJECT, "BENCH-1")
+            rec.update(wall_s=job["wall_s"], polls=job["polls"], load_after=loadavg(),
+                       server_rss_kib=server.rss_kib(), phases_s=job["phases_s"])
+            check_outcome(job["outcome"], before, False, rec, problems)
         else:
             cfg = os.path.join(run_dir, "lethe.toml")
             with open(cfg, "w") as f:
@@ -345,22 +504,8 @@ def main() -> int:
                  "--basis", "gdpr-art17", "--ticket", "BENCH-1", "--drain-timeout", "0", "--json"], run_dir)
             rec.update(wall_s=wall, peak_rss_kib=rss, exit=rc, load_after=loadavg())
             rec["phases_s"] = phases(err, started)
-            expect = {"checkpoints": before["checkpoints"] + before["checkpoint_blobs"] + before["checkpoint_writes"] + before["thread_registry"],
-                      "memories": before["store"]}
-            if with_redis:
-                expect["session-cache"] = before["redis_keys"]
-            rec["expected_counts"] = expect
             try:
-                j = json.loads(out)
-                rec["state"] = j.get("state")
-                counts = {k: v["count"] for k, v in (j.get("certificate") or {}).get("targets", {}).items()}
-                rec["certificate_counts"] = counts
-                if j.get("state") != "COMPLETE":
-                    problems.append(f"state {j.get('state')} ({j.get('blocked_reason')})")
-                if counts != expect:
-                    problems.append(f"certificate counts {counts} != {expect}")
-                if not (j.get("certificate") or {}).get("signature"):
-                    problems.append("certificate unsigned")
+                check_outcome(json.loads(out), before, with_redis, rec, problems)
             except ValueError:
                 problems.append(f"no JSON (exit {rc}): {err[-800:]}")
         # The checks: the target's rows gone, the others untouched (the peer's compare).
@@ -371,13 +516,13 @@ def main() -> int:
                 continue
             if k == "thread_registry" and kind in ("runbook", "bulk"):
                 continue  # the runbook never erases the registry (a trap the peer documents)
-            if k == "redis_keys" and kind == "lethe" and not with_redis:
+            if k == "redis_keys" and kind in ("lethe", "serve") and not with_redis:
                 continue  # not a target of this run; compare's problems are checked below
             problems.append(f"target {k} left: {v}")
         peer_run("verify.py", "snapshot", "--scenario", "scaled", "--out", af)
         cmp = json.loads(peer_run("verify.py", "compare", "--scenario", "scaled", b, af, ok=(0, 1)).stdout)
         rec["compare"] = {k: cmp[k] for k in ("ok", "non_target_users_untouched", "non_target_users_changed", "problems")}
-        if kind == "lethe" and not with_redis:
+        if kind in ("lethe", "serve") and not with_redis:
             bad = redis_residue_only(cmp, before["redis_keys"])
             rec["compare_problems_expected"] = [p for p in cmp["problems"] if p not in bad]
             problems += [f"compare: {p}" for p in bad]
@@ -388,6 +533,9 @@ def main() -> int:
         rec["ok"], rec["problems"] = not problems, problems
         if kind == "lethe":
             msg = f"{rec['wall_s']:.3f} s  rss {rec['peak_rss_kib'] / 1024:.1f} MiB  " + \
+                  " ".join(f"{k}={v:.3f}" for k, v in rec["phases_s"].items())
+        elif kind == "serve":
+            msg = f"{rec['wall_s']:.3f} s  {rec['polls']} polls  server rss {rec['server_rss_kib'] / 1024:.1f} MiB  " + \
                   " ".join(f"{k}={v:.3f}" for k, v in rec["phases_s"].items())
         else:
             st = rec["steps_s"]
@@ -409,6 +557,10 @@ def main() -> int:
     if "big" not in skip:
         extra.append(one("lethe", "100k rows", os.path.join(work, "lethe-big"),
                          grow={"threads": a.big_threads, "items": a.big_items}))
+    server_rss_kib = None
+    if server:
+        server_rss_kib = server.rss_kib()
+        server.stop()
     load_after, uptime_after = loadavg(), sh(["uptime"]).stdout.strip()
 
     # ------------------------------------------------------------------ summary
@@ -437,6 +589,10 @@ def main() -> int:
     # its connections open, as the runbook's clock starts after its imports and connections.
     # Reported beside the whole process; the verdicts use the whole process.
     lj = stats([sum(v for k, v in r["phases_s"].items() if k != "start_to_request") for r in ok("lethe")])
+    # The warm server: from POST /v1/jobs to the GET that shows it COMPLETE with its certificate.
+    sv = stats([r["wall_s"] for r in ok("serve")])
+    sph_keys = list(ok("serve")[0]["phases_s"]) if ok("serve") else []
+    sph = {k: statistics.median(r["phases_s"].get(k, 0) for r in ok("serve")) for k in sph_keys}
 
     def ratio(x, y):
         return x["median"] / y["median"] if x and y else None
@@ -449,6 +605,8 @@ def main() -> int:
         "lethe_over_bulk_34": ratio(lw, bk.get("sum_34")),
         "lethe_job_over_runbook_348": ratio(lj, rb.get("sum_348")),
         "lethe_job_over_runbook_348pg": ratio(lj, rb.get("sum_348pg")),
+        "serve_over_runbook_348pg": ratio(sv, rb.get("sum_348pg")),
+        "serve_over_runbook_348": ratio(sv, rb.get("sum_348")),
     }
     big = next((r for r in extra if r["label"] == "100k rows"), None)
     failed = [r for r in runs + extra if not r["ok"]]
@@ -460,6 +618,8 @@ def main() -> int:
         "lethe_20x_faster_than_runbook_348pg": at_most(ratios["lethe_over_runbook_348pg"], 1 / 20),
         "lethe_within_2x_bulk_348": at_most(ratios["lethe_over_bulk_348"], 2),
         "lethe_within_2x_bulk_348pg": at_most(ratios["lethe_over_bulk_348pg"], 2),
+        "serve_30x_faster_than_runbook_348pg": at_most(ratios["serve_over_runbook_348pg"], 1 / 30),
+        "lethe_15x_faster_than_runbook_348pg": at_most(ratios["lethe_over_runbook_348pg"], 1 / 15),
         "peak_rss_100k_rows_under_64_mib": None if not big else bool(big["ok"]) and big["peak_rss_kib"] / 1024 < 64,
         "all_runs_checked_ok": not failed,
     }
@@ -483,7 +643,10 @@ def main() -> int:
         "seed": seed, "runs_requested": a.runs, "journal": journal_url, "metadata_index": a.metadata_index,
         "transport": "unix-socket" if host.startswith("/") else "tcp-sslmode-prefer",
         "runbook_s": rb, "bulk_s": bk, "lethe_wall_s": lw, "lethe_job_s": lj, "lethe_peak_rss_mib": lr,
-        "lethe_phases_median_s": lph, "ratios": ratios, "verdict": verdict,
+        "lethe_phases_median_s": lph, "serve_wall_s": sv, "serve_phases_median_s": sph,
+        "serve_poll_s": a.serve_poll_ms / 1000, "serve_warm_subject": f"{WARM_TENANT}/{WARM_SUBJECT}" if server else None,
+        "serve_peak_rss_mib": server_rss_kib / 1024 if server_rss_kib else None,
+        "ratios": ratios, "verdict": verdict,
         "total_seconds": round(time.perf_counter() - t_start, 1),
         "runs": runs, "extra_runs": extra,
     }
@@ -501,8 +664,8 @@ def main() -> int:
         return f"{x:.2f}x" if x is not None else "n/a"
 
     m = result["machine"]
-    md = [f"Run {result['date_utc']} (commit {result['git']}); {len(ok('runbook'))}/{len(ok('bulk'))}/{len(ok('lethe'))} of "
-          f"{a.runs} runs (runbook/bulk/lethe) checked ok; {m['nproc']} CPUs ({m['cpu']}), {m['mem_mib']} MiB RAM, "
+    md = [f"Run {result['date_utc']} (commit {result['git']}); {len(ok('runbook'))}/{len(ok('bulk'))}/{len(ok('lethe'))}/{len(ok('serve'))} of "
+          f"{a.runs} runs (runbook/bulk/lethe/serve) checked ok; {m['nproc']} CPUs ({m['cpu']}), {m['mem_mib']} MiB RAM, "
           f"PostgreSQL {m['postgres']}, Redis {m['redis']}{'; CPUs kept awake by nice-19 spinners (--awake)' if a.awake else ''}; "
           f"journal {journal_url}; metadata index {'ON' if a.metadata_index else 'off'}; "
           f"{'Unix socket, no TLS' if host.startswith('/') else 'TCP, sslmode=prefer'} on both sides.",
@@ -522,6 +685,14 @@ def main() -> int:
            "", f"Lethe's job alone, from its request journaled to its certificate (process started, connections "
            f"open, as the runbook's clock starts): {mm(lj)}; / runbook 3+4+8 = {rt(ratios['lethe_job_over_runbook_348'])} "
            f"(PostgreSQL part of 8: {rt(ratios['lethe_job_over_runbook_348pg'])}). The verdicts use the whole process."]
+    if sv:
+        fx = (lambda x: f"{1 / x:.1f}x faster" if x else "n/a")
+        md += ["", f"Warm `lethe serve`, POST to COMPLETE with its certificate (polled every {a.serve_poll_ms:g} ms): {mm(sv)}; "
+               f"server peak RSS {server_rss_kib / 1024:.1f} MiB; its phases from the server log (median s): "
+               + ", ".join(f"{k} {v:.3f}" for k, v in sph.items()) + ".",
+               f"Against the runbook's PostgreSQL part (steps 3+4+8, Redis stubbed out of 8): serve "
+               f"{fx(ratios['serve_over_runbook_348pg'])} (goal 30x), the cold `lethe erase` process "
+               f"{fx(ratios['lethe_over_runbook_348pg'])} (goal 15x)."]
     for r in extra:
         md.append(f"{r['label']}: lethe {r.get('wall_s', float('nan')):.3f} s, peak RSS {r.get('peak_rss_kib', 0) / 1024:.1f} MiB, "
                   f"certificate {r.get('certificate_counts')}, rows {r.get('grow', {}).get('rows', '')}, "

@@ -2,10 +2,11 @@
 # Issue 3's PostgreSQL benchmark, one command: builds lethe (release), makes sure the venv (the
 # peer's LangGraph stack), a private PostgreSQL (scripts/pg start-bench) and Redis on 6379 are there,
 # then runs run.py: the peer's seed.py --scenario scaled (PostgreSQL db lg + Redis db 0), then 5
-# rounds of runbook.py / bulk_reference.py / lethe erase on a re-seeded target, each checked by
-# the peer's verify.py; lethe once with the redis target too; lethe on a 100,000-row target.
+# rounds of runbook.py / bulk_reference.py / lethe erase / a job POSTed to a warm lethe serve on a
+# re-seeded target, each checked by the peer's verify.py; lethe once with the redis target too;
+# lethe on a 100,000-row target.
 # Writes bench/out/postgres-*.json and prints Markdown tables. About 10-12 minutes.
-# Arguments go to run.py (--runs N, --no-seed, --big-threads N, --big-items N, --skip redis,big,
+# Arguments go to run.py (--runs N, --no-seed, --big-threads N, --big-items N, --skip redis,big, --kinds,
 # --metadata-index, --workdir DIR --keep). LETHE_BIN=path skips the build and benchmarks that binary instead.
 # --unix-socket (first argument): every connection, the peer's and Lethe's, goes through the private
 # server's Unix socket instead of TCP with TLS (an application on the database's own host).
