@@ -38,9 +38,18 @@ pub(crate) struct Shared {
     /// redo a picked-up job's guard updates when it goes on to verify them (what it did is
     /// what one runner does between its steps).
     driven: Mutex<std::collections::HashSet<String>>,
+    /// Targets whose database guard was not installed when the batch closed its jobs' fences:
+    /// no fence of theirs to open, nothing to record before an inventory (as for one job whose
+    /// guard is installed after its freeze; the erase still tells a guard installed since).
+    unguarded: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
+    /// Whether the target's guard was not installed when the batch closed its fences.
+    pub(super) fn unguarded(&self, target: &str) -> bool {
+        lock(&self.unguarded).contains(target)
+    }
+
     /// Whether this batch froze, fenced and drained the job itself, and drives it.
     pub(super) fn drives(&self, job: &str) -> bool {
         lock(&self.driven).contains(job)
@@ -226,7 +235,7 @@ impl Engine {
             .iter()
             .map(|id| self.journal.job(id))
             .collect::<Result<_, _>>()?;
-        let blocked = self.close_guards(&jobs)?;
+        let blocked = self.close_guards(&jobs, &shared)?;
         let mut ready = Vec::new();
         for m in &mut members {
             let Some(job) = jobs.iter().find(|j| j.job_id == m.job_id) else {
@@ -392,6 +401,7 @@ impl Engine {
     fn close_guards(
         &self,
         jobs: &[lethe_journal::jobs::JobRecord],
+        shared: &Shared,
     ) -> Result<std::collections::HashSet<String>, EngineError> {
         let mut blocked = std::collections::HashSet::new();
         if jobs.is_empty() {
@@ -409,7 +419,9 @@ impl Engine {
                 Ok(true) => {
                     tracing::info!(target = %t.name, jobs = jobs.len(), step = "fence_closed", "Database guard updated.")
                 }
-                Ok(false) => {}
+                Ok(false) => {
+                    lock(&shared.unguarded).insert(t.name.clone());
+                }
                 Err(e) => {
                     let (reason, why) = (super::blocked_reason(&e), e.to_string());
                     for j in jobs {

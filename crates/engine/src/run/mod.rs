@@ -175,11 +175,26 @@ impl Engine {
         what: &str,
         f: impl Fn(&dyn Guard, &Fence<'_>) -> Result<bool, AdapterError>,
     ) -> Result<Step, EngineError> {
+        self.guards_but(job, what, |_| false, f)
+    }
+
+    /// [`Engine::guards`], but not those of the targets `skip` names (a batch's targets whose
+    /// guard was not installed when it closed its jobs' fences: none to open).
+    fn guards_but(
+        &self,
+        job: &JobRecord,
+        what: &str,
+        skip: impl Fn(&str) -> bool,
+        f: impl Fn(&dyn Guard, &Fence<'_>) -> Result<bool, AdapterError>,
+    ) -> Result<Step, EngineError> {
         let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
         for t in &self.targets {
             let Some(g) = t.adapter.guard() else {
                 continue;
             };
+            if skip(&t.name) {
+                continue;
+            }
             match f(g, &fence) {
                 Ok(true) => {
                     tracing::info!(job = %job.job_id, target = %t.name, step = what, "Database guard updated.")

@@ -122,6 +122,10 @@ impl Run<'_> {
         let Some(g) = t.adapter.guard() else {
             return Ok(inv);
         };
+        // A batch found no guard installed there when it closed its jobs' fences.
+        if self.shared.is_some_and(|s| s.unguarded(&t.name)) {
+            return Ok(inv);
+        }
         let fence = Fence::of(&job.scope, job.subject_epoch, job.tenant_epoch);
         let mut recorded = std::collections::HashSet::new();
         for _ in 0..3 {
@@ -418,7 +422,7 @@ impl Run<'_> {
         });
         let mut records = BTreeMap::new();
         for (t, r) in done {
-            let (count, checked) = r?;
+            let (count, checked, frozen) = r?;
             let (status, reason) = match checked {
                 Checked::Exempt(reason) => (TargetStatus::Exempt, Some(reason)),
                 Checked::Failed(e) => return self.block_on(&job.job_id, &t.name, e),
@@ -434,16 +438,10 @@ impl Run<'_> {
             };
             let (settled, physical) = match status {
                 TargetStatus::Exempt => (lethe_adapters::Settlement::default(), None),
-                _ => {
-                    let (_, frozen) = self
-                        .journal
-                        .inventory(&job.job_id, &t.name)?
-                        .unwrap_or_default();
-                    (
-                        t.adapter.settlement(&frozen),
-                        self.physical_record(t, &frozen),
-                    )
-                }
+                _ => (
+                    t.adapter.settlement(&frozen),
+                    self.physical_record(t, &frozen),
+                ),
             };
             // A backup target: what its artifacts taken until now may still hold.
             let pending = match t.adapter.backups() {
@@ -481,7 +479,8 @@ impl Run<'_> {
         // Everything is verified gone: open the sinks' fence (epoch and erased lists stay, so
         // only writes under a lease taken after this job are admitted for the owner). Opened
         // before COMPLETE so an unreachable guard blocks the job instead of leaving it closed.
-        if let Step::Blocked = self.guards(job, "fence_opened", |g, f| g.open(f))? {
+        let unguarded = |t: &str| self.shared.is_some_and(|s| s.unguarded(t));
+        if let Step::Blocked = self.guards_but(job, "fence_opened", unguarded, |g, f| g.open(f))? {
             return Ok(Step::Blocked);
         }
         pause_point!(self, "before-complete");
@@ -546,29 +545,29 @@ impl Run<'_> {
         Ok(Step::Next)
     }
 
-    /// One target's verification, journaled (`TargetVerified`); returns its inventoried count
-    /// and what the check found.
+    /// One target's verification, journaled (`TargetVerified`); returns its inventoried count,
+    /// what the check found and the frozen locators (read once, for the certificate's line).
     pub(super) fn verify_target(
         &self,
         job: &JobRecord,
         scope: &Scope,
         t: &Target,
         report: &dyn Fn(Progress),
-    ) -> Result<(u64, Checked), EngineError> {
+    ) -> Result<(u64, Checked, Vec<Locator>), EngineError> {
         let applies = t.adapter.check_scope(scope).map_err(input)?;
         let (count, frozen) = self
             .journal
             .inventory(&job.job_id, &t.name)?
             .unwrap_or_default();
         let residue = match applies {
-            Applicability::Exempt(reason) => return Ok((count, Checked::Exempt(reason))),
+            Applicability::Exempt(reason) => return Ok((count, Checked::Exempt(reason), frozen)),
             Applicability::Applies => match self
                 .shared
                 .and_then(|s| s.residue(&job.job_id, &t.name))
                 .unwrap_or_else(|| t.adapter.verify(scope, &frozen))
             {
                 Ok(n) => n,
-                Err(e) => return Ok((count, Checked::Failed(e))),
+                Err(e) => return Ok((count, Checked::Failed(e), frozen)),
             },
         };
         self.journal.record_with_progress(
@@ -586,7 +585,7 @@ impl Run<'_> {
             target: t.name.clone(),
             residue,
         });
-        Ok((count, Checked::Residue(residue)))
+        Ok((count, Checked::Residue(residue), frozen))
     }
 
     pub(super) fn step_resume(
