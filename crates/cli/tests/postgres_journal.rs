@@ -255,3 +255,88 @@ fn a_runner_that_lost_its_claim_erases_nothing_more() {
         "the other subjects kept their rows"
     );
 }
+
+/// A batch with the journal on PostgreSQL: its jobs' claims are taken together on one
+/// connection, skipping a job another live process runs (alice, paused mid-erase: that entry
+/// says so, exit 3 the worst), and the others (bob, carol) complete, their shared erase
+/// journaled in grouped commits; alice's runner then finishes, and the journal verifies.
+#[test]
+fn a_batch_claims_its_jobs_together_and_skips_one_another_process_runs() {
+    let env = Env::new(1);
+    let mut first = env.paused_erase("after-batch-journal:checkpoints:2", Stdio::null());
+    let file = env.dir.path().join("batch.jsonl");
+    std::fs::write(
+        &file,
+        "{\"tenant\": \"acme\", \"subject\": \"alice\"}\n\
+         {\"tenant\": \"acme\", \"subject\": \"bob\"}\n\
+         {\"tenant\": \"globex\", \"subject\": \"carol\"}\n",
+    )
+    .unwrap();
+    let (c, out, err) = env.json(&[
+        "erase",
+        "--batch",
+        file.to_str().unwrap(),
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "DSR-B",
+        "--drain-timeout",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(c, 3, "{out} {err}");
+    let v = out.as_array().unwrap();
+    assert!(
+        v[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("being run by another Lethe process")),
+        "{out}"
+    );
+    for j in &v[1..] {
+        assert_eq!(j["state"], "COMPLETE", "{j}");
+        assert!(j["certificate"]["targets"]["checkpoints"]["count"].as_u64() > Some(0));
+    }
+    std::fs::remove_file(env.dir.path().join("paused")).unwrap();
+    assert_eq!(first.wait().unwrap().code(), Some(0));
+    let (_, jobs, _) = env.json(&["jobs", "--json"]);
+    assert!(
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["state"] == "COMPLETE"),
+        "{jobs}"
+    );
+    let (c, _, _) = env.json(&["journal", "verify", "--json"]);
+    assert_eq!(c, 0);
+    // With batches that fit a transaction, the transactional targets erase the jobs together,
+    // their entries committed per step for all of them: the same certificates, a chain that
+    // verifies.
+    let env = Env::new(500);
+    let bob_carol = env.dir.path().join("batch.jsonl");
+    std::fs::write(
+        &bob_carol,
+        "{\"tenant\": \"acme\", \"subject\": \"bob\"}\n\
+         {\"tenant\": \"globex\", \"subject\": \"carol\"}\n",
+    )
+    .unwrap();
+    let (c, out, err) = env.json(&[
+        "erase",
+        "--batch",
+        bob_carol.to_str().unwrap(),
+        "--basis",
+        "gdpr-art17",
+        "--ticket",
+        "DSR-B2",
+        "--json",
+    ]);
+    assert_eq!(c, 0, "{out} {err}");
+    for (j, was) in out.as_array().unwrap().iter().zip(&v[1..]) {
+        assert_eq!(j["state"], "COMPLETE", "{j}");
+        assert_eq!(
+            j["certificate"]["targets"], was["certificate"]["targets"],
+            "the same counts as each job erased alone"
+        );
+    }
+    let (c, _, _) = env.json(&["journal", "verify", "--json"]);
+    assert_eq!(c, 0);
+}

@@ -649,6 +649,30 @@ impl Journal {
         })
     }
 
+    /// Many jobs' entries in one transaction (one durable commit), each as
+    /// [`Journal::record_with_progress`] records it (`Some((target, erased))`: with the
+    /// target's erased count) or as [`Journal::record`] (`None`): what a batch journals for
+    /// all its jobs at one step (their `erase_started`, then their `batch_erased`). All or
+    /// none: a job's entry its state refuses fails the transaction.
+    pub fn record_many(
+        &self,
+        at: &str,
+        entries: &[(&str, Entry, Option<(&str, u64)>)],
+    ) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.write_entry(|tx| {
+            for (job_id, entry, progress) in entries {
+                apply(tx, at, job_id, entry)?;
+                if let Some((target, erased)) = progress {
+                    put_progress(tx, job_id, target, Some(*erased), None)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// The targets a job has inventoried (exempt ones included), by name.
     pub fn job_targets(&self, job_id: &str) -> Result<Vec<String>> {
         self.read(|tx| {

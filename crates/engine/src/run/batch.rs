@@ -558,34 +558,37 @@ impl Engine {
                 if self.refuse_if_job_held(job).is_err() {
                     continue;
                 }
-                self.journal.record(
-                    &self.now_rfc3339(),
-                    &job.job_id,
-                    &lethe_journal::Entry::EraseStarted {
-                        target: t.name.clone(),
-                    },
-                )?;
                 work.push((Engine::frozen_scope(job), locators.clone()));
-                going.push((job, *count, locators.len()));
+                going.push((*job, *count, locators.len()));
             }
+            // Every job's `erase_started` in one commit, before anything is erased.
+            let started: Vec<_> = going
+                .iter()
+                .map(|(job, _, _)| {
+                    let entry = lethe_journal::Entry::EraseStarted {
+                        target: t.name.clone(),
+                    };
+                    (job.job_id.as_str(), entry, None)
+                })
+                .collect();
+            self.journal.record_many(&self.now_rfc3339(), &started)?;
             let done = t.adapter.erase_many(&work);
+            // And every erased job's `batch_erased` with its erased mark in one commit after;
+            // a job whose erase failed is left to its own step.
+            let mut erased = Vec::with_capacity(going.len());
             for ((job, count, n), r) in going.into_iter().zip(done) {
-                let Ok(rows) = r else {
-                    continue;
-                };
-                self.journal.record_with_progress(
-                    &self.now_rfc3339(),
-                    &job.job_id,
-                    &lethe_journal::Entry::BatchErased {
+                if let Ok(rows) = r {
+                    let entry = lethe_journal::Entry::BatchErased {
                         target: t.name.clone(),
                         locators: n as u64,
                         rows,
-                    },
-                    &t.name,
-                    Some(count),
-                    None,
-                )?;
-                tracing::info!(job = %job.job_id, target = %t.name, erased = count, "Target erased.");
+                    };
+                    erased.push((job.job_id.as_str(), entry, Some((t.name.as_str(), count))));
+                }
+            }
+            self.journal.record_many(&self.now_rfc3339(), &erased)?;
+            for (job, _, _) in &erased {
+                tracing::info!(job = %job, target = %t.name, "Target erased.");
             }
         }
         Ok(())
