@@ -247,6 +247,10 @@ fn shared(c: postgres::Client) -> Option<std::sync::Arc<std::sync::Mutex<postgre
     Some(std::sync::Arc::new(std::sync::Mutex::new(c)))
 }
 
+/// One entry of [`Journal::record_many`]: the job, the entry, and the target whose erased
+/// count it records with it, if any.
+pub type GroupedEntry<'a> = (&'a str, Entry, Option<(&'a str, u64)>);
+
 /// States in which a job has work a process can pick up.
 const RUNNABLE: &str = "'FROZEN', 'DELETING', 'VERIFYING'";
 
@@ -654,11 +658,7 @@ impl Journal {
     /// target's erased count) or as [`Journal::record`] (`None`): what a batch journals for
     /// all its jobs at one step (their `erase_started`, then their `batch_erased`). All or
     /// none: a job's entry its state refuses fails the transaction.
-    pub fn record_many(
-        &self,
-        at: &str,
-        entries: &[(&str, Entry, Option<(&str, u64)>)],
-    ) -> Result<()> {
+    pub fn record_many(&self, at: &str, entries: &[GroupedEntry<'_>]) -> Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
