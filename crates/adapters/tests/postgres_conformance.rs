@@ -1243,6 +1243,28 @@ fn a_batch_reads_the_metadata_once_and_each_scope_gets_its_own_answer() {
             "PostgreSQL {v}: the batch's inventories differ"
         );
         assert!(many.iter().filter(|i| i.count > 0).count() >= 10);
+        // Every row outside the first three subjects' threads, as text: what their erase
+        // must leave byte for byte.
+        let erased: Vec<String> = many[..3]
+            .iter()
+            .flat_map(|i| i.locators.iter())
+            .map(|(l, _)| l[2..].to_string())
+            .collect();
+        let others = |c: &mut Client| -> Vec<String> {
+            c.query(
+                "SELECT 'c' || c::text FROM checkpoints c WHERE thread_id <> ALL($1)
+                 UNION ALL SELECT 'b' || b::text FROM checkpoint_blobs b WHERE thread_id <> ALL($1)
+                 UNION ALL SELECT 'w' || w::text FROM checkpoint_writes w WHERE thread_id <> ALL($1)
+                 UNION ALL SELECT 'r' || r::text FROM thread_registry r WHERE thread_id <> ALL($1)
+                 ORDER BY 1",
+                &[&erased],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+        };
+        let before = others(&mut db.client());
         // Erase the first three subjects, then write a row again on the first one's thread.
         for (s, i) in scopes.iter().zip(&many).take(3) {
             a.erase_batch(s, &i.locators).unwrap();
@@ -1272,5 +1294,10 @@ fn a_batch_reads_the_metadata_once_and_each_scope_gets_its_own_answer() {
             "the row written again is the first subject's residue"
         );
         assert_eq!(&batch[1..3], &[0, 0]);
+        assert_eq!(
+            others(&mut db.client()),
+            before,
+            "PostgreSQL {v}: every other subject kept every row"
+        );
     }
 }

@@ -259,7 +259,8 @@ fn a_runner_that_lost_its_claim_erases_nothing_more() {
 /// A batch with the journal on PostgreSQL: its jobs' claims are taken together on one
 /// connection, skipping a job another live process runs (alice, paused mid-erase: that entry
 /// says so, exit 3 the worst), and the others (bob, carol) complete, their shared erase
-/// journaled in grouped commits; alice's runner then finishes, and the journal verifies.
+/// journaled in grouped commits; alice's runner then finishes, and the journal verifies. Then
+/// a batch of bob and carol alone: alice, the fixture's one other subject, keeps every row.
 #[test]
 fn a_batch_claims_its_jobs_together_and_skips_one_another_process_runs() {
     let env = Env::new(1);
@@ -312,6 +313,7 @@ fn a_batch_claims_its_jobs_together_and_skips_one_another_process_runs() {
     // their entries committed per step for all of them: the same certificates, a chain that
     // verifies.
     let env = Env::new(500);
+    let kept = lethe_test_support::rows_except(env.dir.path(), &["bob", "carol"]);
     let bob_carol = env.dir.path().join("batch.jsonl");
     std::fs::write(
         &bob_carol,
@@ -337,6 +339,11 @@ fn a_batch_claims_its_jobs_together_and_skips_one_another_process_runs() {
             "the same counts as each job erased alone"
         );
     }
+    assert_eq!(
+        lethe_test_support::rows_except(env.dir.path(), &["bob", "carol"]),
+        kept,
+        "alice and every other subject kept every row"
+    );
     let (c, _, _) = env.json(&["journal", "verify", "--json"]);
     assert_eq!(c, 0);
 }

@@ -203,14 +203,14 @@ impl Checkpointer {
         }
     }
 
-    /// Every thread in scope now: registry ∪ metadata, with the registry's rows per thread.
-    fn resolve(
+    /// The registry's threads of the owner, with its rows per thread (none without a registry).
+    fn registry_rows(
         &self,
         s: &mut Session<'_>,
         o: &Owner<'_>,
-    ) -> Result<(BTreeSet<String>, Vec<Locator>), AdapterError> {
+    ) -> Result<Vec<Locator>, AdapterError> {
         let owner = [Param::Text(Some(o.tenant)), Param::Text(o.subject)];
-        let registry = self
+        Ok(self
             .on_registry(s, |rs, r| {
                 let rows = rs.query(
                     &self.sql.registry_threads(r),
@@ -222,7 +222,17 @@ impl Checkpointer {
                     .map(|mut r| (r.string(0), r.count(1)))
                     .collect::<Vec<_>>())
             })?
-            .unwrap_or_default();
+            .unwrap_or_default())
+    }
+
+    /// Every thread in scope now: registry ∪ metadata, with the registry's rows per thread.
+    fn resolve(
+        &self,
+        s: &mut Session<'_>,
+        o: &Owner<'_>,
+    ) -> Result<(BTreeSet<String>, Vec<Locator>), AdapterError> {
+        let owner = [Param::Text(Some(o.tenant)), Param::Text(o.subject)];
+        let registry = self.registry_rows(s, o)?;
         let mut threads: BTreeSet<String> = registry.iter().map(|(t, _)| t.clone()).collect();
         if let Some(m) = &self.metadata {
             // The needle is what a byte pre-filter may look for, where the dialect has one.
@@ -294,20 +304,7 @@ impl Checkpointer {
                 out.push(None);
                 continue;
             };
-            let owner_params = [Param::Text(Some(o.tenant)), Param::Text(o.subject)];
-            let registry = self
-                .on_registry(s, |rs, r| {
-                    let rows = rs.query(
-                        &self.sql.registry_threads(r),
-                        &owner_params,
-                        &[Col::Text, Col::Int],
-                    )?;
-                    Ok(rows
-                        .into_iter()
-                        .map(|mut r| (r.string(0), r.count(1)))
-                        .collect::<Vec<_>>())
-                })?
-                .unwrap_or_default();
+            let registry = self.registry_rows(s, &o)?;
             let mut threads: BTreeSet<String> = registry.iter().map(|(t, _)| t.clone()).collect();
             let key = (
                 o.tenant.to_string(),

@@ -435,14 +435,18 @@ impl Engine {
         Ok(blocked)
     }
 
+    /// Each job with the scope its adapters act on.
+    fn frozen_scopes(&self, jobs: &[String]) -> Result<Vec<(String, Scope)>, EngineError> {
+        jobs.iter()
+            .map(|id| Ok((id.clone(), Engine::frozen_scope(&self.journal.job(id)?))))
+            .collect()
+    }
+
     /// Each target's inventory of every job in `jobs` it applies to, read at once into
     /// `shared`. A target that takes lineage reads each job's inventory in its own step (it
     /// needs the recorded locators).
     fn read_inventories(&self, jobs: &[String], shared: &Shared) -> Result<(), EngineError> {
-        let mut scopes: Vec<(String, Scope)> = Vec::with_capacity(jobs.len());
-        for id in jobs {
-            scopes.push((id.clone(), Engine::frozen_scope(&self.journal.job(id)?)));
-        }
+        let scopes = self.frozen_scopes(jobs)?;
         let targets: Vec<_> = self
             .targets
             .iter()
@@ -597,10 +601,7 @@ impl Engine {
     /// Each target's verification of every job in `jobs` it applies to, with its frozen
     /// locators, read at once into `shared`.
     fn read_residues(&self, jobs: &[String], shared: &Shared) -> Result<(), EngineError> {
-        let mut scopes: Vec<(String, Scope)> = Vec::with_capacity(jobs.len());
-        for id in jobs {
-            scopes.push((id.clone(), Engine::frozen_scope(&self.journal.job(id)?)));
-        }
+        let scopes = self.frozen_scopes(jobs)?;
         let targets: Vec<_> = self.targets.iter().collect();
         let read = crate::at_once(&targets, |t| -> Result<_, EngineError> {
             let mut work: Vec<(Scope, Vec<Locator>)> = Vec::new();
